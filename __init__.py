@@ -1,0 +1,3 @@
+"""trajlake: an event-sourced trajectory lakehouse for agent reinforcement learning."""
+
+__version__ = "0.1.0"

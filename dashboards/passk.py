@@ -1,0 +1,40 @@
+"""The unbiased pass@k estimator (Chen et al., 2021), computed exactly with integers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from fractions import Fraction
+from math import comb
+
+MAX_K = 16
+"""The largest k the dashboards show."""
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """1 − C(n−c, k) / C(n, k): the chance that k of n samples (c of them correct) hold a success.
+
+    Computed as one exact fraction and rounded once, so it is exact to the last bit of the float.
+    """
+    if n < 1 or not 0 <= c <= n:
+        raise ValueError(f"need n >= 1 and 0 <= c <= n (got n={n}, c={c})")
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be between 1 and n={n} (got k={k}); a task with n samples supports k <= n")
+    if n - c < k:
+        return 1.0  # every draw of k samples contains a success
+    total = comb(n, k)
+    return float(Fraction(total - comb(n - c, k), total))
+
+
+def mean_pass_at_k(tasks: Iterable[tuple[int, int]], ks: Sequence[int] = tuple(range(1, MAX_K + 1))) -> list[dict]:
+    """pass@k averaged over tasks, per k, from (n samples, c successes) per task.
+
+    A task contributes to k only when it has at least k samples; a k no task reaches is left out.
+    Returns rows `{"k", "pass_at_k", "n_tasks"}`.
+    """
+    tasks = [(int(n), int(c)) for n, c in tasks if n]
+    rows = []
+    for k in ks:
+        values = [pass_at_k(n, c, k) for n, c in tasks if n >= k]
+        if values:
+            rows.append({"k": k, "pass_at_k": sum(values) / len(values), "n_tasks": len(values)})
+    return rows

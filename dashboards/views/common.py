@@ -1,0 +1,111 @@
+"""What every page shares: the page context, cached metric queries, charts and empty states."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import altair as alt
+import pyarrow as pa
+import streamlit as st
+
+from trajlake.dashboards import metrics
+
+CACHE_TTL_S = 15
+"""How long a page reuses a query's result; the sidebar's Refresh button clears it."""
+
+
+@st.cache_resource(show_spinner=False)
+def open_lake(root: str) -> Any:
+    """One `Lake` per root for the whole app (its DuckDB engine follows new Delta versions)."""
+    from trajlake.store.lake import Lake
+
+    if "://" not in root and not os.path.isdir(root):
+        raise FileNotFoundError(
+            f"no lake at {root}; pass --lake (or set TRAJLAKE_LAKE) to a lake made by `trajlake loadgen` or `trajlake demo`"
+        )
+    return Lake(root)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=256)
+def _cached_metric(root: str, name: str, args: tuple, kwargs: tuple) -> Any:
+    return getattr(metrics, name)(open_lake(root), *args, **dict(kwargs))
+
+
+@dataclass(frozen=True)
+class PageContext:
+    """The selections a page renders for: lake root, run, version range, pass threshold."""
+
+    lake_root: str
+    run_id: str
+    versions: tuple[int, int] | None
+    success_threshold: float
+    tokenizer_path: str | None = None
+
+    @property
+    def lake(self) -> Any:
+        return open_lake(self.lake_root)
+
+    def metric(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """`metrics.<name>(lake, *args, **kwargs)`, cached for a few seconds."""
+        return _cached_metric(self.lake_root, name, args, tuple(sorted(kwargs.items())))
+
+
+def frame(table: pa.Table) -> Any:
+    """A pandas frame for Altair and st.dataframe."""
+    return table.to_pandas()
+
+
+def empty_state(what: str, how: str) -> None:
+    """A friendly note where a chart has no data yet."""
+    st.info(f"**No {what} yet.** {how}", icon=":material/hourglass_empty:")
+
+
+def line(table: pa.Table, x: str, y: str | list[str], title: str, *, color: str | None = None,
+         x_type: str = "Q", rule: float | None = None, y_title: str | None = None) -> None:
+    """A line chart of one or more measures (several `y` are folded into a `measure` colour)."""
+    data = frame(table)
+    chart = alt.Chart(data, title=title)
+    if isinstance(y, list):
+        chart = chart.transform_fold(y, as_=["measure", "value"])
+        y_enc, color_enc = alt.Y("value:Q", title=y_title or ""), alt.Color("measure:N", title=None)
+    else:
+        y_enc = alt.Y(f"{y}:Q", title=y_title or y)
+        color_enc = alt.Color(f"{color}:N") if color else alt.value("#4c78a8")
+    layer = chart.mark_line(point=True).encode(
+        x=alt.X(f"{x}:{x_type}", title=x), y=y_enc, color=color_enc, tooltip=list(data.columns)
+    )
+    if rule is not None:
+        layer = layer + alt.Chart(data).mark_rule(color="red", strokeDash=[4, 4]).encode(y=alt.datum(rule))
+    st.altair_chart(layer, width="stretch")
+
+
+def bars(table: pa.Table, x: str, y: str, title: str, *, color: str | None = None, x_type: str = "N",
+         horizontal: bool = False, stack: bool = True) -> None:
+    """A bar chart, stacked by `color` when given."""
+    data = frame(table)
+    x_enc = alt.X(f"{x}:{x_type}", title=x, sort=None)
+    y_enc = alt.Y(f"{y}:Q", title=y, stack=stack or None)
+    enc: dict[str, Any] = {"x": y_enc, "y": x_enc} if horizontal else {"x": x_enc, "y": y_enc}
+    if color:
+        enc["color"] = alt.Color(f"{color}:N")
+    chart = alt.Chart(data, title=title).mark_bar().encode(**enc, tooltip=list(data.columns))
+    st.altair_chart(chart, width="stretch")
+
+
+def area(table: pa.Table, x: str, y: str, color: str, title: str, *, normalize: bool = False) -> None:
+    """A stacked area over time (shares when `normalize`)."""
+    data = frame(table)
+    chart = alt.Chart(data, title=title).mark_area().encode(
+        x=alt.X(f"{x}:T", title=x),
+        y=alt.Y(f"{y}:Q", stack="normalize" if normalize else True, title="share" if normalize else y),
+        color=alt.Color(f"{color}:N"),
+        tooltip=list(data.columns),
+    )
+    st.altair_chart(chart, width="stretch")
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """A figure as shown in st.metric ('–' when there is none)."""
+    return "–" if value is None else f"{value:.{digits}f}"

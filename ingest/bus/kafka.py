@@ -1,0 +1,353 @@
+"""`KafkaBus`: the scale-out bus on Apache Kafka (kafka-python with crc32c).
+
+Producer: idempotent (acks=all), key = trajectory id, batch compression, oversized values
+split into chunks (`trajlake.ingest.chunking`). While the broker is unreachable, messages
+wait in the producer's bounded buffer and then in a disk spool (`trajlake.ingest.spool`)
+and are delivered once it answers again; both are logged and counted.
+
+Consumer: a consumer group without Kafka offset commits driving positions: on every
+partition assignment the sink's `on_assigned` callback seeks each partition to the offset
+after the one stored in the Delta log, and `on_revoked` lets the sink commit what it holds
+before another sink takes the partition over.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from trajlake.ingest import chunking, codec
+from trajlake.ingest.bus.base import Bus, Message, SourcePosition
+from trajlake.ingest.bus.inprocess import group_by_trajectory
+from trajlake.ingest.config import KafkaConfig
+from trajlake.ingest.spool import Spool
+
+log = logging.getLogger(__name__)
+
+PartitionCallback = Callable[[list[int]], None]
+
+
+class KafkaBus(Bus):
+    """Publishes to and consumes from one Kafka topic."""
+
+    def __init__(self, config: KafkaConfig) -> None:
+        self.config = config
+        self.topic = config.topic
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._spool: Spool | None = None
+        self._inflight: dict[int, Message] = {}
+        self._lock = threading.Lock()
+        self._last_retry = 0.0
+        self._outage_since: float | None = None
+        self.on_assigned: PartitionCallback | None = None
+        self.on_revoked: PartitionCallback | None = None
+        self.sent_total = 0
+        self.chunked_total = 0
+
+    def __repr__(self) -> str:
+        return f"KafkaBus({self.config.bootstrap!r}, topic={self.topic!r})"
+
+    # -- producer ------------------------------------------------------------------------
+    def _ensure_producer(self) -> Any:
+        if self._producer is None:
+            from kafka import KafkaProducer
+
+            c = self.config
+            self._producer = KafkaProducer(
+                **c.client_kwargs(),
+                enable_idempotence=True,
+                acks="all",
+                compression_type=c.compression_type(),
+                linger_ms=c.linger_ms,
+                batch_size=c.batch_bytes,
+                buffer_memory=c.buffer_memory_bytes,
+                max_request_size=c.max_message_bytes + 64 * 1024,
+                delivery_timeout_ms=int(c.delivery_timeout_s * 1000),
+                request_timeout_ms=min(30_000, int(c.delivery_timeout_s * 1000) - 1),
+                max_block_ms=int(c.max_block_s * 1000),
+            )
+        return self._producer
+
+    def _ensure_spool(self) -> Spool:
+        if self._spool is None:
+            self._spool = Spool(self.config.spool_dir / self.topic, self.config.spool_max_bytes)
+            if len(self._spool):
+                log.warning("found %d undelivered messages in %s; delivering them first", len(self._spool), self._spool.directory)
+        return self._spool
+
+    def publish(self, events: Sequence[Mapping[str, Any]]) -> int:
+        """Encode events (one message per trajectory, in the configured wire format) and send them."""
+        groups = group_by_trajectory(events)
+        for key, group in groups.items():
+            if self.config.wire_format == "json":
+                value, ctype = codec.encode_json(group), codec.JSON_CONTENT_TYPE
+            else:
+                value, ctype = codec.encode_arrow(group), codec.ARROW_CONTENT_TYPE
+            self.send(Message(key=key, value=value, headers={codec.CONTENT_TYPE_HEADER: ctype}))
+        return len(groups)
+
+    def send(self, message: Message) -> None:
+        """Send one message (split into chunks when it exceeds `max_message_bytes`)."""
+        parts = chunking.split(message, self.config.max_message_bytes)
+        if len(parts) > 1:
+            self.chunked_total += 1
+        spool = self._ensure_spool()
+        self._maybe_retry_spool()
+        for part in parts:
+            if len(spool):
+                spool.put(part)  # keep order: nothing overtakes what is already waiting
+            else:
+                self._send_now(part)
+
+    def _send_now(self, message: Message) -> None:
+        from kafka.errors import KafkaError
+
+        try:
+            producer = self._ensure_producer()
+            future = producer.send(
+                self.topic,
+                value=message.value,
+                key=message.key.encode() if message.key is not None else None,
+                headers=[(k, v.encode()) for k, v in message.headers.items()],
+            )
+        except KafkaError as err:  # buffer full or no metadata within max_block_s
+            self._spool_message(message, err)
+            return
+        token = id(message)
+        with self._lock:
+            self._inflight[token] = message
+        future.add_callback(self._on_delivered, token)
+        future.add_errback(self._on_failed, token)
+
+    def _on_delivered(self, token: int, _metadata: Any) -> None:
+        with self._lock:
+            self._inflight.pop(token, None)
+            self.sent_total += 1
+
+    def _on_failed(self, token: int, err: Exception) -> None:
+        with self._lock:
+            message = self._inflight.pop(token, None)
+        if message is not None:
+            self._spool_message(message, err)
+
+    def _spool_message(self, message: Message, err: Exception) -> None:
+        spool = self._ensure_spool()
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            log.warning(
+                "Kafka at %s unreachable (%s: %s); spooling messages to %s until it answers",
+                self.config.bootstrap, type(err).__name__, err, spool.directory,
+            )
+        spool.put(message)
+
+    def _maybe_retry_spool(self, force: bool = False) -> None:
+        spool = self._spool
+        if spool is None or not len(spool):
+            return
+        now = time.monotonic()
+        if not force and now - self._last_retry < self.config.retry_interval_s:
+            return
+        self._last_retry = now
+        self._drain_spool()
+
+    def _drain_spool(self) -> None:
+        """Deliver spooled messages in order, synchronously; stop at the first failure."""
+        from kafka.errors import KafkaError
+
+        spool = self._spool
+        assert spool is not None
+        while len(spool):
+            batch = spool.peek(500)
+            try:
+                producer = self._ensure_producer()
+                futures = [
+                    producer.send(
+                        self.topic,
+                        value=m.value,
+                        key=m.key.encode() if m.key is not None else None,
+                        headers=[(k, v.encode()) for k, v in m.headers.items()],
+                    )
+                    for m, _ in batch
+                ]
+                producer.flush(timeout=self.config.delivery_timeout_s)
+            except KafkaError:
+                return
+            delivered = []
+            for (_, size), future in zip(batch, futures, strict=True):
+                if not future.succeeded():
+                    break
+                delivered.append(size)
+            spool.pop(delivered)
+            self.sent_total += len(delivered)
+            if len(delivered) < len(batch):
+                return
+        if self._outage_since is not None:
+            log.warning(
+                "Kafka at %s reachable again; delivered %d spooled messages after %.1f s",
+                self.config.bootstrap, spool.delivered_total, time.monotonic() - self._outage_since,
+            )
+            self._outage_since = None
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Block until every message is delivered (spooled ones included), or `timeout_s` passes."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self._producer is not None:
+            self._producer.flush(timeout=timeout_s)
+        while self._spool is not None and len(self._spool):
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            self._maybe_retry_spool(force=True)
+            if len(self._spool):
+                time.sleep(self.config.retry_interval_s)
+
+    def spooled(self) -> int:
+        """Messages waiting in the disk spool."""
+        return len(self._spool) if self._spool is not None else 0
+
+    def spool_stats(self) -> dict[str, int]:
+        """Spool counters for metrics: messages and bytes waiting, spooled and redelivered totals."""
+        s = self._spool
+        if s is None:
+            return {"messages": 0, "bytes": 0, "spooled_total": 0, "delivered_total": 0}
+        return {"messages": s.messages, "bytes": s.bytes, "spooled_total": s.spooled_total, "delivered_total": s.delivered_total}
+
+    # -- consumer ------------------------------------------------------------------------
+    def _ensure_consumer(self) -> Any:
+        if self._consumer is None:
+            from kafka import KafkaConsumer
+
+            c = self.config
+            self._consumer = KafkaConsumer(
+                **c.client_kwargs(),
+                group_id=c.group_id,
+                enable_auto_commit=False,  # positions live in the Delta log
+                auto_offset_reset="earliest",
+                max_poll_records=c.max_poll_records,
+                max_partition_fetch_bytes=c.fetch_max_bytes,
+                fetch_max_bytes=max(c.fetch_max_bytes, 52_428_800),
+                session_timeout_ms=int(c.session_timeout_s * 1000),
+                heartbeat_interval_ms=max(500, int(c.session_timeout_s * 1000) // 4),
+                max_poll_interval_ms=300_000,
+                isolation_level="read_committed",
+            )
+            self._consumer.subscribe([self.topic], listener=_Listener(self))
+        return self._consumer
+
+    def poll(self, max_messages: int = 1000, timeout_s: float = 0.1) -> list[Message]:
+        """Up to `max_messages` messages from the assigned partitions (rebalances happen here)."""
+        consumer = self._ensure_consumer()
+        records = consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_messages)
+        out: list[Message] = []
+        for tp, batch in records.items():
+            for r in batch:
+                out.append(
+                    Message(
+                        key=r.key.decode("utf-8", "replace") if r.key is not None else None,
+                        value=r.value if r.value is not None else b"",
+                        headers={k: (v or b"").decode("utf-8", "replace") for k, v in (r.headers or [])},
+                        position=SourcePosition(tp.topic, tp.partition, r.offset),
+                        timestamp_ms=r.timestamp,
+                    )
+                )
+        return out
+
+    def seek(self, partition: int, offset: int) -> None:
+        from kafka import TopicPartition
+
+        self._ensure_consumer().seek(TopicPartition(self.topic, partition), offset)
+
+    def assigned_partitions(self) -> list[int]:
+        consumer = self._ensure_consumer()
+        return sorted(tp.partition for tp in consumer.assignment() if tp.topic == self.topic)
+
+    def commit_offsets(self, next_offsets: Mapping[int, int]) -> None:
+        """Tell Kafka how far the sink got (advisory: lag tools read it; the sink resumes from Delta)."""
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+        from kafka.structs import OffsetAndMetadata
+
+        if self._consumer is None or not next_offsets:
+            return
+        offsets = {
+            TopicPartition(self.topic, p): OffsetAndMetadata(o, "", -1) for p, o in next_offsets.items()
+        }
+        try:
+            self._consumer.commit_async(offsets)
+        except KafkaError as err:  # advisory only; never fail a Delta commit over it
+            log.debug("advisory offset commit failed: %s", err)
+
+    def lag(self) -> dict[int, int]:
+        """Messages behind the end of each assigned partition."""
+        from kafka import TopicPartition
+
+        consumer = self._ensure_consumer()
+        tps = [tp for tp in consumer.assignment() if tp.topic == self.topic]
+        if not tps:
+            return {}
+        ends = consumer.end_offsets(tps)
+        out = {}
+        for tp in tps:
+            position = consumer.position(tp)
+            out[tp.partition] = max(0, ends.get(tp, 0) - (position or 0))
+        return out
+
+    def close(self) -> None:
+        """Flush what can be delivered quickly, leave the rest in the spool, and close clients."""
+        if self._producer is not None:
+            self.flush(timeout_s=5.0)
+            self._producer.close(timeout=5)
+            self._producer = None
+        if self._consumer is not None:
+            self._consumer.close(autocommit=False)
+            self._consumer = None
+        if self._spool is not None:
+            if len(self._spool):
+                log.warning("%d messages left undelivered in %s; the next producer delivers them", len(self._spool), self._spool.directory)
+            self._spool.close()
+            self._spool = None
+
+
+def _listener_base() -> type:
+    from kafka import ConsumerRebalanceListener
+
+    return ConsumerRebalanceListener
+
+
+class _Listener(_listener_base()):  # type: ignore[misc]
+    """Routes rebalance events of the consumer group to the sink's callbacks."""
+
+    def __init__(self, bus: KafkaBus) -> None:
+        self.bus = bus
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        parts = sorted(tp.partition for tp in revoked if tp.topic == self.bus.topic)
+        log.info("partitions revoked: %s", parts)
+        if parts and self.bus.on_revoked is not None:
+            self.bus.on_revoked(parts)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        parts = sorted(tp.partition for tp in assigned if tp.topic == self.bus.topic)
+        log.info("partitions assigned: %s", parts)
+        if parts and self.bus.on_assigned is not None:
+            self.bus.on_assigned(parts)
+
+
+def create_topic(config: KafkaConfig, topic: str | None = None, partitions: int | None = None) -> None:
+    """Create `topic` (default: the config's) if it does not exist, and wait until it has leaders."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(**config.client_kwargs())
+    try:
+        admin.create_topics(
+            {topic or config.topic: {"num_partitions": partitions or config.partitions, "replication_factor": -1}},
+            wait_for_metadata=True,
+        )
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        admin.close()

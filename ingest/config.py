@@ -1,0 +1,135 @@
+"""Settings of the Kafka transport (`KafkaConfig`), read from arguments or TRAJLAKE_KAFKA_* env vars."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+DEFAULT_TOPIC = "trajlake-events"
+DEFAULT_GROUP = "trajlake-sink"
+
+
+def default_spool_dir() -> Path:
+    """Where producers spool messages while the broker is unreachable."""
+    root = Path(os.environ.get("TRAJLAKE_CACHE_DIR", Path.home() / ".cache" / "trajlake"))
+    return root / "spool"
+
+
+class KafkaConfig(BaseModel):
+    """How to reach Kafka, and how the producer and consumer behave."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bootstrap: str = Field("127.0.0.1:9092", min_length=1, description="HOST:PORT[,HOST:PORT…] of the cluster")
+    topic: str = Field(DEFAULT_TOPIC, min_length=1, description="topic that carries events")
+    group_id: str = Field(DEFAULT_GROUP, min_length=1, description="consumer group of the sink processes")
+    client_id: str = Field("trajlake", description="client id shown in broker logs")
+    partitions: int = Field(4, ge=1, le=10_000, description="partitions when this client creates the topic")
+    wire_format: Literal["arrow", "json"] = Field("arrow", description="value encoding of published events")
+    compression: Literal["auto", "zstd", "lz4", "gzip", "none"] = Field(
+        "auto", description="producer batch compression; auto = zstd, else lz4, else gzip"
+    )
+    max_message_bytes: int = Field(
+        1_000_000, ge=16_384, description="larger values are split into chunks (broker default limit ~1 MB)"
+    )
+    linger_ms: int = Field(5, ge=0, description="producer batching delay")
+    batch_bytes: int = Field(512 * 1024, ge=1024, description="producer batch size per partition")
+    buffer_memory_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024 * 1024, description="bounded producer memory before spooling to disk"
+    )
+    delivery_timeout_s: float = Field(
+        120.0, gt=0, description="how long the producer retries a batch (idempotently) before spooling it"
+    )
+    max_block_s: float = Field(2.0, ge=0, description="how long send() may block on a full buffer or missing metadata")
+    spool_dir: Path = Field(default_factory=default_spool_dir, description="disk spool for undeliverable messages")
+    spool_max_bytes: int = Field(1 << 30, ge=1 << 20, description="disk spool limit; beyond it send() raises")
+    retry_interval_s: float = Field(1.0, gt=0, description="how often to retry delivering spooled messages")
+    max_poll_records: int = Field(2000, ge=1, description="consumer: records per poll")
+    fetch_max_bytes: int = Field(16 * 1024 * 1024, ge=1 << 20, description="consumer: bytes per partition fetch")
+    session_timeout_s: float = Field(10.0, ge=1, description="consumer: group session timeout")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="how to talk to the brokers"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"] | None = Field(
+        None, description="SASL mechanism for SASL_* protocols"
+    )
+    sasl_username: str | None = Field(None, description="SASL user")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (never printed)")
+    ssl_cafile: Path | None = Field(None, description="CA bundle that signed the brokers' certificates")
+    ssl_certfile: Path | None = Field(None, description="client certificate (mutual TLS)")
+    ssl_keyfile: Path | None = Field(None, description="client private key (mutual TLS)")
+    ssl_password: SecretStr | None = Field(None, description="password of the client key (never printed)")
+    ssl_check_hostname: bool = Field(True, description="verify the broker's hostname against its certificate")
+
+    @model_validator(mode="after")
+    def _check_security(self) -> KafkaConfig:
+        problems = []
+        sasl = self.security_protocol.startswith("SASL")
+        if sasl and self.sasl_mechanism is None:
+            problems.append(f"security_protocol={self.security_protocol} needs sasl_mechanism (TRAJLAKE_KAFKA_SASL_MECHANISM)")
+        if sasl and self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and (
+            not self.sasl_username or self.sasl_password is None
+        ):
+            problems.append(
+                f"sasl_mechanism={self.sasl_mechanism} needs sasl_username and sasl_password "
+                "(TRAJLAKE_KAFKA_SASL_USERNAME / TRAJLAKE_KAFKA_SASL_PASSWORD)"
+            )
+        if not sasl and self.sasl_mechanism is not None:
+            problems.append(f"sasl_mechanism is set but security_protocol={self.security_protocol}; use SASL_SSL")
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                problems.append(f"{name} {path} does not exist (TRAJLAKE_KAFKA_{name.upper()})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> KafkaConfig:
+        """Config from TRAJLAKE_KAFKA_<FIELD> env vars (TRAJLAKE_KAFKA_BOOTSTRAP, …), then `overrides`."""
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            env = os.environ.get(f"TRAJLAKE_KAFKA_{name.upper()}")
+            if env is not None:
+                values[name] = env
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def compression_type(self) -> str | None:
+        """The kafka-python `compression_type` this config resolves to."""
+        from kafka import codec
+
+        if self.compression == "none":
+            return None
+        if self.compression != "auto":
+            return self.compression
+        if codec.has_zstd():
+            return "zstd"
+        if codec.has_lz4():
+            return "lz4"
+        return "gzip"
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Connection and security settings shared by kafka-python producers, consumers and admins."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap.split(","),
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            kwargs["sasl_plain_username"] = self.sasl_username
+        if self.sasl_password is not None:
+            kwargs["sasl_plain_password"] = self.sasl_password.get_secret_value()
+        if self.security_protocol.endswith("SSL"):
+            kwargs["ssl_check_hostname"] = self.ssl_check_hostname
+            for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                if getattr(self, name) is not None:
+                    kwargs[name] = str(getattr(self, name))
+            if self.ssl_password is not None:
+                kwargs["ssl_password"] = self.ssl_password.get_secret_value()
+        return kwargs

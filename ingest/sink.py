@@ -1,0 +1,282 @@
+"""Consume events from the bus and append them to the lake, exactly once.
+
+Protocol (DESIGN.md "Exactly-once"): each flush commits its rows together with, per
+topic-partition, the last offset it covers, as Delta `txn` actions in the same commit.
+On start the sink seeks every partition to the offset after the one in the Delta log, so
+whatever Kafka (or the in-process bus) remembers, a message is stored once. Dead letters
+are committed first, with their own offsets, and skipped on replay when already stored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from trajlake.ingest import codec
+from trajlake.ingest.bus.base import Bus, Message, SourcePosition
+from trajlake.schemas.events import EVENTS_SCHEMA, TRAJECTORY_EVENT_TYPES
+from trajlake.schemas.tables import DEAD_LETTERS_SCHEMA
+from trajlake.schemas.validation import validate
+from trajlake.store import projections
+from trajlake.store.lake import Lake
+
+log = logging.getLogger(__name__)
+
+
+class SinkConfig(BaseModel):
+    """When the sink flushes, and what it does on each flush."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_rows: int = Field(50_000, ge=1, description="Flush once this many events are buffered.")
+    max_bytes: int = Field(128 << 20, ge=1 << 10, description="Flush once buffered messages reach this size.")
+    max_latency_s: float = Field(1.0, gt=0, description="Flush buffered events at least this often.")
+    poll_max_messages: int = Field(2000, ge=1, description="Messages taken per poll.")
+    poll_timeout_s: float = Field(0.2, gt=0, description="How long one poll waits for a first message.")
+    exactly_once: bool = Field(True, description="Store offsets in the Delta log and resume from them.")
+    update_projections: bool = Field(True, description="Advance projections after every events commit.")
+    seq_cache_trajectories: int = Field(200_000, ge=0, description="Trajectories whose seqs are kept to detect duplicates.")
+
+
+@dataclass
+class _Pending:
+    """Decoded events waiting for the next flush, with the positions they came from."""
+
+    tables: list[pa.Table] = field(default_factory=list)
+    origins: list[tuple[SourcePosition | None, str, str | None]] = field(default_factory=list)  # per table
+    rows: int = 0
+    bytes: int = 0
+    dead: list[dict[str, Any]] = field(default_factory=list)
+    last_offsets: dict[SourcePosition | Any, int] = field(default_factory=dict)
+    first_at: float | None = None
+
+
+@dataclass
+class SinkStats:
+    """Running totals, for logs and metrics."""
+
+    messages: int = 0
+    events: int = 0
+    dead_letters: int = 0
+    commits: int = 0
+    bytes: int = 0
+    last_commit_at: float | None = None
+    last_version: int | None = None
+
+
+class DeltaSink:
+    """Buffers events; `flush` writes rows and source offsets in one Delta commit."""
+
+    def __init__(self, lake: Lake, bus: Bus, config: SinkConfig | None = None) -> None:
+        self.lake = lake
+        self.bus = bus
+        self.config = config or SinkConfig()
+        self.stats = SinkStats()
+        self._pending = _Pending()
+        self._seqs: OrderedDict[str, set[int]] = OrderedDict()
+        self._dead_positions: dict[str, int] = {}
+        self._resumed: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+        if self.config.exactly_once:
+            self.resume()
+        if self.config.update_projections:
+            projections.catch_up(self.lake)
+
+    # -- positions -----------------------------------------------------------------------
+    def resume(self, partitions: Iterable[int] | None = None) -> None:
+        """Seek each assigned partition to just after the offset stored in the Delta log."""
+        for partition in partitions if partitions is not None else self.bus.assigned_partitions():
+            app_id = SourcePosition(self.bus.topic, partition, 0).app_id
+            stored = self.lake.txn_version("events", app_id)
+            dead = self.lake.txn_version("dead_letters", app_id)
+            if dead is not None:
+                self._dead_positions[app_id] = dead
+            if stored is not None:
+                self.bus.seek(partition, stored + 1)
+            self._resumed.add((self.bus.topic, partition))
+
+    # -- consuming -----------------------------------------------------------------------
+    def should_flush(self) -> bool:
+        p = self._pending
+        if not p.rows and not p.dead:
+            return False
+        age = time.monotonic() - (p.first_at or time.monotonic())
+        return p.rows >= self.config.max_rows or p.bytes >= self.config.max_bytes or age >= self.config.max_latency_s
+
+    def poll_once(self) -> int:
+        """Poll the bus once and buffer what arrives; return the number of messages."""
+        messages = self.bus.poll(self.config.poll_max_messages, self.config.poll_timeout_s)
+        for message in messages:
+            self.add(message)
+        return len(messages)
+
+    def add(self, message: Message) -> None:
+        """Decode one message into the buffer; an unreadable one becomes a dead letter."""
+        p = self._pending
+        if p.first_at is None:
+            p.first_at = time.monotonic()
+        self.stats.messages += 1
+        p.bytes += len(message.value)
+        pos = message.position
+        if pos is not None:
+            p.last_offsets[pos.app_id] = max(p.last_offsets.get(pos.app_id, -1), pos.offset)
+        content_type = codec.content_type_of(message.headers)
+        try:
+            table, bad = codec.decode(message.value, message.headers)
+        except codec.DecodeError as err:
+            self._dead(pos, message.key, content_type, message.value, str(err))
+            return
+        for raw, reason in bad:
+            raw_bytes = json.dumps(raw, default=str).encode() if not isinstance(raw, bytes) else raw
+            self._dead(pos, message.key, codec.JSON_CONTENT_TYPE, raw_bytes, reason, raw if isinstance(raw, dict) else None)
+        if table.num_rows:
+            p.tables.append(table)
+            p.origins.append((pos, content_type, message.key))
+            p.rows += table.num_rows
+
+    def _dead(
+        self,
+        pos: SourcePosition | None,
+        key: str | None,
+        content_type: str,
+        raw: bytes,
+        reason: str,
+        event: dict[str, Any] | None = None,
+    ) -> None:
+        if pos is not None and pos.offset <= self._dead_positions.get(pos.app_id, -1):
+            return  # stored by an earlier run before it crashed
+        event = event or {}
+        self._pending.dead.append(
+            {
+                "dead_letter_id": str(uuid.uuid4()),
+                "received_at": time.time(),
+                "source": str(pos) if pos else "direct",
+                "topic": pos.topic if pos else None,
+                "partition": pos.partition if pos else None,
+                "offset": pos.offset if pos else None,
+                "key": key,
+                "content_type": content_type,
+                "raw": raw,
+                "reason": reason,
+                "event_id": _str_or_none(event.get("event_id")),
+                "event_type": _str_or_none(event.get("event_type")),
+                "run_id": _str_or_none(event.get("run_id")),
+                "trajectory_id": _str_or_none(event.get("trajectory_id")),
+            }
+        )
+
+    # -- committing ----------------------------------------------------------------------
+    def flush(self) -> int | None:
+        """Commit the buffer; return the new `events` version (None if nothing to commit)."""
+        with self._lock:
+            p, self._pending = self._pending, _Pending()
+            if not p.rows and not p.dead and not p.last_offsets:
+                return None
+            batch = pa.concat_tables(p.tables) if p.tables else EVENTS_SCHEMA.empty_table()
+            result = validate(batch, self._known_seqs(batch))
+            if result.reasons:
+                self._dead_rows(p, result.rejected, result.rejected_index, result.reasons)
+            offsets = p.last_offsets if self.config.exactly_once else {}
+            if p.dead:
+                dead = _dead_table(p.dead)
+                self.lake.append("dead_letters", dead, offsets)
+                self.stats.dead_letters += len(p.dead)
+                for app_id, offset in offsets.items():
+                    self._dead_positions[app_id] = offset
+            action = self.lake.write_file("events", result.valid) if result.valid.num_rows else None
+            version = self.lake.commit("events", [action] if action else [], offsets)
+            self._remember_seqs(result.valid)
+            self.stats.events += result.valid.num_rows
+            self.stats.commits += 1
+            self.stats.bytes += p.bytes
+            self.stats.last_commit_at = time.time()
+            self.stats.last_version = version
+            if self.config.update_projections:
+                known = {action.path: result.valid} if action else {}
+                projections.catch_up(self.lake, known)
+            return version
+
+    def _dead_rows(self, p: _Pending, rejected: pa.Table, index: np.ndarray, reasons: list[str]) -> None:
+        starts = np.cumsum([0] + [t.num_rows for t in p.tables])
+        for row, (i, reason) in enumerate(zip(index, reasons, strict=True)):
+            which = int(np.searchsorted(starts, i, side="right") - 1)
+            pos, content_type, key = p.origins[which]
+            one = rejected.slice(row, 1)
+            raw = codec.encode_arrow(one) if content_type == codec.ARROW_CONTENT_TYPE else codec.encode_json(
+                [{k: v for k, v in one.to_pylist()[0].items() if v is not None}]
+            )
+            self._dead(pos, key, content_type, raw, reason, one.to_pylist()[0])
+
+    def _known_seqs(self, batch: pa.Table) -> dict[str, set[int]]:
+        """Stored seqs of the batch's trajectories that did not start in this batch."""
+        if not batch.num_rows:
+            return {}
+        types = batch.column("event_type").to_pylist()
+        tids = batch.column("trajectory_id").to_pylist()
+        seqs = batch.column("seq").to_pylist()
+        started = {t for t, ty, s in zip(tids, types, seqs, strict=True) if ty == "trajectory_started" and s == 0}
+        wanted = {t for t, ty in zip(tids, types, strict=True) if t and ty in TRAJECTORY_EVENT_TYPES} - started
+        missing = [t for t in wanted if t not in self._seqs]
+        if missing:
+            quoted = ", ".join("'" + t.replace("'", "''") + "'" for t in missing)
+            stored = self.lake.read("events", ["trajectory_id", "seq"], where=f"trajectory_id in ({quoted})")
+            for t in missing:
+                self._seqs[t] = set()
+            for t, s in zip(stored.column("trajectory_id").to_pylist(), stored.column("seq").to_pylist(), strict=True):
+                self._seqs[t].add(s)
+        return {t: self._seqs[t] for t in wanted if t in self._seqs}
+
+    def _remember_seqs(self, valid: pa.Table) -> None:
+        limit = self.config.seq_cache_trajectories
+        if not limit or not valid.num_rows:
+            return
+        for t, s in zip(valid.column("trajectory_id").to_pylist(), valid.column("seq").to_pylist(), strict=True):
+            if t is None or s is None:
+                continue
+            seen = self._seqs.get(t)
+            if seen is None:
+                seen = self._seqs[t] = set()
+            else:
+                self._seqs.move_to_end(t)
+            seen.add(s)
+        while len(self._seqs) > limit:
+            self._seqs.popitem(last=False)
+
+    # -- main loop -----------------------------------------------------------------------
+    def run(self, until_idle_s: float | None = None, stop_event: threading.Event | None = None) -> SinkStats:
+        """Consume until `stop_event` is set, or until `until_idle_s` pass without a message."""
+        idle_since = time.monotonic()
+        while not (stop_event is not None and stop_event.is_set()):
+            got = self.poll_once()
+            if got:
+                idle_since = time.monotonic()
+            if self.should_flush():
+                self.flush()
+            if until_idle_s is not None and not got and time.monotonic() - idle_since >= until_idle_s:
+                break
+        self.flush()
+        return self.stats
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _dead_table(rows: list[dict[str, Any]]) -> pa.Table:
+    import datetime as dt
+
+    for row in rows:
+        if isinstance(row["received_at"], float):
+            row["received_at"] = dt.datetime.fromtimestamp(row["received_at"], dt.UTC)
+    return pa.Table.from_pylist(rows, schema=DEAD_LETTERS_SCHEMA)

@@ -1,0 +1,209 @@
+"""One episode of the demo environment: the multi-turn agent loop, recorded event by event.
+
+Each turn the policy samples token ids (with their logprobs) after the whole context; a
+call token runs a tool through the platform's `ToolRunner`, whose result tokens the
+environment appends; `<answer>` submits the last tool result to the verifier. Every way an
+episode can end maps to a status and, for failures, to an origin (`model` or `system`) and
+a label of the platform's failure taxonomy.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from trajlake.rollout import taxonomy
+from trajlake.rollout.envs import vocab
+from trajlake.rollout.envs.config import EnvConfig
+from trajlake.rollout.envs.tasks import Task, verify
+from trajlake.rollout.envs.toolbox import call_arguments, make_runner, result_tokens
+from trajlake.rollout.recorder import Recorder, TrajectoryRecorder
+from trajlake.rollout.tools import ToolResult, ToolRunner
+
+ENVIRONMENT = "trajlake-demo-tools"
+HARNESS = "trajlake-demo-harness"
+
+TRUNCATED_ANSWER = taxonomy.Failure("completed", taxonomy.SYSTEM, taxonomy.TOOL_DESIGN, reward_valid=False)
+"""The answer was right but cut off by the tool's output budget: the tool's design, not the model."""
+TOOL_TIMED_OUT = taxonomy.Failure("timeout", *taxonomy.classify_tool_error("timeout"), reward_valid=False)
+
+
+class PolicyClient(Protocol):
+    """What an episode needs from a policy: sampled ids, their logprobs, and the weights' version."""
+
+    def sample(self, context: list[int], max_new_tokens: int, stop_ids: tuple[int, ...]) -> tuple[list[int], list[float], int]:
+        """Sample after `context`; return (ids, logprobs, policy_version that sampled them)."""
+        ...
+
+
+class HarnessBug(RuntimeError):
+    """An injected bug in the harness itself (the recorder files it as a system failure)."""
+
+
+@dataclass
+class EpisodeResult:
+    """How an episode ended (mirrors its `reward` and `trajectory_finished` events)."""
+
+    trajectory_id: str
+    task_id: str
+    group_id: str
+    reward: float | None = None
+    status: str = ""
+    failure_origin: str | None = None
+    failure_label: str | None = None
+    policy_versions: list[int] = field(default_factory=list)
+    n_turns: int = 0
+    nudged: bool = False
+    token_ids: list[int] = field(default_factory=list)  # as the lake's trajectories.token_ids
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[bool] = field(default_factory=list)
+
+    @property
+    def is_system_failure(self) -> bool:
+        """True when the system, not the model, ended the episode (its reward must not be trained on)."""
+        return self.failure_origin == taxonomy.SYSTEM
+
+
+class Episode:
+    """Runs one task with one policy and records it through a `TrajectoryRecorder`."""
+
+    def __init__(self, task: Task, policy: PolicyClient, traj: TrajectoryRecorder, config: EnvConfig,
+                 rng: random.Random, result: EpisodeResult) -> None:
+        self.task, self.policy, self.traj, self.config, self.rng = task, policy, traj, config, rng
+        self.runner: ToolRunner = make_runner(config, rng, traj)
+        self.context: list[int] = list(task.prompt_ids)
+        self.appended: list[int] = list(task.prompt_ids)
+        self.last_tool: ToolResult | None = None
+        self.result = result
+
+    def run(self) -> EpisodeResult:
+        """Play turns until an answer, a system fault, or a limit; return how it ended."""
+        try:
+            return self._play()
+        finally:
+            self.runner.close()
+
+    def _play(self) -> EpisodeResult:
+        budget = self.config.context_budget_tokens
+        for _ in range(self.config.max_turns):
+            nudge = self.runner.nudge(len(self.context) / budget)
+            if nudge:
+                self._append(vocab.encode(nudge.split()))
+                self.result.nudged = True
+            remaining = budget - len(self.context)
+            if remaining <= 0:
+                return self._finish(taxonomy.CONTEXT_EXHAUSTED, "the context budget is used up")
+            action = self._turn(min(self.config.max_new_tokens, remaining), nudged=bool(nudge))
+            if action == vocab.ANSWER:
+                return self._answer()
+            if action in vocab.TOOL_OF_CALL:
+                failure = self._call(vocab.TOOL_OF_CALL[action])
+                if failure is not None:
+                    return self._finish(failure, self.last_tool.output if self.last_tool else None)
+            if len(self.context) >= budget:
+                return self._finish(taxonomy.CONTEXT_EXHAUSTED, "the context budget is used up")
+        return self._finish(taxonomy.MAX_TURNS, f"no answer in {self.config.max_turns} turns")
+
+    def _append(self, ids: list[int]) -> None:
+        self.appended.extend(ids)
+        self.context.extend(ids)
+
+    def _turn(self, max_new_tokens: int, nudged: bool) -> int:
+        ids, logprobs, version = self.policy.sample(self.context, max_new_tokens, vocab.STOP_IDS)
+        self.traj.turn(
+            ids,
+            logprobs,
+            version,
+            input_token_ids=self.appended,
+            finish_reason="stop" if ids[-1] in vocab.STOP_IDS else "length",
+            context_used_fraction=(len(self.context) + len(ids)) / self.config.context_budget_tokens,
+            nudged=nudged,
+        )
+        record = self.result
+        record.token_ids += [*self.appended, *ids]
+        record.logprobs += [0.0] * len(self.appended) + list(logprobs)
+        record.loss_mask += [False] * len(self.appended) + [True] * len(ids)
+        record.n_turns += 1
+        record.policy_versions.append(int(version))
+        self.appended = []
+        self.context.extend(ids)
+        return ids[-1]
+
+    def _call(self, tool_name: str) -> taxonomy.Failure | None:
+        """Run the model's call (retrying a timeout); return the failure if a system fault ends the episode."""
+        if self.rng.random() < self.config.faults.harness_fault_rate:
+            raise HarnessBug(f"harness bug: lost the arguments of the {tool_name!r} call")
+        raw_call = call_arguments(tool_name, self.task)
+        for _ in range(self.config.max_tool_attempts):
+            result = self.runner.call(raw_call)
+            if result.status != "timeout":
+                break
+        self.last_tool = result
+        if result.status == "timeout":
+            return TOOL_TIMED_OUT
+        if result.error_type == "sandbox_crash":
+            return taxonomy.INFRA_FAILED
+        if result.error_type == "tool_error" and result.output.startswith("ModuleNotFoundError"):
+            return taxonomy.classify_exception_name("ModuleNotFoundError")
+        self._append(result_tokens(result.output_token_ids, result.ok))
+        return None
+
+    def _answer(self) -> EpisodeResult:
+        if self.rng.random() < self.config.faults.verifier_error_rate:
+            self.traj.reward(None, verifier="exact_match", verifier_error="KeyError: 'expected' (verifier crashed)")
+            return self._finish(taxonomy.VERIFIER_FAILED, "the verifier crashed; no valid reward")
+        tool = self.last_tool
+        submitted = None
+        if tool is not None and tool.ok:
+            submitted = tuple(vocab.TOKENS[i] for i in tool.output_token_ids if i != vocab.TRUNCATED)
+        reward = verify(self.task, submitted)
+        self.result.reward = reward
+        self.traj.reward(reward, components={"correct": reward}, verifier="exact_match")
+        if reward > 0:
+            return self._finish(taxonomy.COMPLETED, None)
+        if tool is not None and tool.truncated:
+            return self._finish(TRUNCATED_ANSWER, "the answer was cut off by the tool output budget")
+        return self._finish(taxonomy.Failure("completed", taxonomy.MODEL, taxonomy.MODEL_CAPABILITY), "wrong answer")
+
+    def _finish(self, failure: taxonomy.Failure, message: str | None) -> EpisodeResult:
+        if self.result.reward is None and failure.reward_valid:
+            self.result.reward = 0.0  # a model failure is a valid, trainable reward of 0
+            self.traj.reward(0.0, components={"correct": 0.0}, verifier="exact_match")
+        self.traj.finish(failure.status, failure_origin=failure.origin, failure_label=failure.label, message=message)
+        self.result.status, self.result.failure_origin, self.result.failure_label = failure.status, failure.origin, failure.label
+        return self.result
+
+
+def run_episode(
+    recorder: Recorder,
+    task: Task,
+    policy: PolicyClient,
+    config: EnvConfig,
+    rng: random.Random,
+    *,
+    group_id: str | None = None,
+    sample_index: int = 0,
+    model: str = "tinypolicy",
+) -> EpisodeResult:
+    """Start a trajectory for `task`, play it with `policy`, and record every event."""
+    group_id = group_id or task.task_id
+    traj = recorder.start(
+        task.task_id,
+        group_id,
+        sample_index,
+        environment=ENVIRONMENT,
+        harness=HARNESS,
+        model=model,
+        sampling_params={"temperature": config.temperature, "max_new_tokens": config.max_new_tokens},
+        context_budget_tokens=config.context_budget_tokens,
+        tags=[task.kind],
+    )
+    result = EpisodeResult(traj.trajectory_id, task.task_id, group_id)
+    try:
+        with traj:  # an exception in the harness is recorded as a system failure by the recorder
+            return Episode(task, policy, traj, config, rng, result).run()
+    except HarnessBug:
+        failure = taxonomy.HARNESS_FAILED
+        result.status, result.failure_origin, result.failure_label = failure.status, failure.origin, failure.label
+        return result

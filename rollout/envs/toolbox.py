@@ -1,0 +1,101 @@
+"""The demo's two tools, a calculator and a code sandbox, run by the platform's `ToolRunner`.
+
+The model only chooses a tool (`<call:calc>` or `<call:python>`); the harness writes the
+call's arguments from the task: an `expression` for arithmetic, `code` for string tasks.
+Calling the calculator with code (or Python with an expression) is therefore a malformed
+call — the model's mistake. System faults are injected at the rates of `FaultConfig`:
+the calculator service hangs past its timeout, the sandbox dies, or the sandbox image
+lacks a module. Each surfaces the way the real fault would, through the runner's typed
+`ToolResult`, so the episode classifies it with the platform's failure taxonomy.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Sequence
+
+from trajlake.rollout.config import ToolRunnerConfig
+from trajlake.rollout.envs import vocab
+from trajlake.rollout.envs.config import EnvConfig
+from trajlake.rollout.envs.tasks import Task, solve
+from trajlake.rollout.errors import SandboxError
+from trajlake.rollout.tools import Tool, ToolRunner
+
+TOOL_TIMEOUT_S = 0.05
+"""Timeout of one tool call in the demo; an injected hang outlasts it."""
+
+_HANG_S = 4 * TOOL_TIMEOUT_S
+
+
+def encode_text(text: str) -> list[int]:
+    """Ids of tool output text; text outside the vocabulary (an error message) becomes `<error>`."""
+    words = text.split()
+    if words and all(w in vocab.TOKEN_ID for w in words):
+        return vocab.encode(words)
+    known = [vocab.TOKEN_ID[w] for w in words if w == "<truncated>"]
+    return [vocab.ERROR, *known]
+
+
+def _calc(expression: str) -> str:
+    a, op, b = expression.split()
+    return " ".join(solve("calc", (a, op, b)))
+
+
+def _python(code: str) -> str:
+    kind, *operands = code.split()
+    if kind not in ("reverse", "count"):
+        raise SyntaxError(f"invalid syntax: {code!r}")
+    return " ".join(solve(kind, tuple(operands)))
+
+
+def make_tools(config: EnvConfig, rng: random.Random, lock: threading.Lock | None = None) -> list[Tool]:
+    """The calculator and the sandbox, with faults drawn from `rng` per call."""
+    faults = config.faults
+    lock = lock or threading.Lock()
+
+    def draw(rate: float) -> bool:
+        with lock:  # tools run on the runner's threads; the episode's rng is not thread-safe
+            return rng.random() < rate
+
+    def calc(expression: str) -> str:
+        if draw(faults.tool_timeout_rate):
+            threading.Event().wait(_HANG_S)  # the calculator service does not answer in time
+        return _calc(expression)
+
+    def python(code: str) -> str:
+        if draw(faults.sandbox_crash_rate):
+            raise SandboxError("sandbox process was killed (exit 137)", stage="exec", retryable=False)
+        if draw(faults.missing_dependency_rate):
+            raise ModuleNotFoundError("No module named 'strtools' in the sandbox image")
+        return _python(code)
+
+    return [
+        Tool("calc", calc, timeout_s=TOOL_TIMEOUT_S, description="evaluate an arithmetic expression"),
+        Tool("python", python, is_code_execution=True, timeout_s=TOOL_TIMEOUT_S, description="run a string program"),
+    ]
+
+
+def make_runner(config: EnvConfig, rng: random.Random, traj: object) -> ToolRunner:
+    """A `ToolRunner` over the demo tools, recording into `traj`, with budgets from `config`."""
+    runner_config = ToolRunnerConfig(
+        timeout_s=TOOL_TIMEOUT_S,
+        max_output_tokens=config.max_tool_output_tokens,
+        truncation_marker=" <truncated>",
+        nudge_threshold=config.nudge_threshold,
+        nudge_text="<nudge>",
+    )
+    return ToolRunner(make_tools(config, rng), runner_config, encode=encode_text, traj=traj)
+
+
+def call_arguments(tool_name: str, task: Task) -> dict[str, object]:
+    """The call the harness writes for the model's chosen tool: the task's text, named for its kind."""
+    text = " ".join(task.operands) if task.kind == "calc" else " ".join((task.kind, *task.operands))
+    return {"name": tool_name, "arguments": {"expression" if task.kind == "calc" else "code": text}}
+
+
+def result_tokens(output_token_ids: Sequence[int], ok: bool) -> list[int]:
+    """What the environment appends after a call: `<result> … </result>`, or the error tokens."""
+    if not ok:
+        return [vocab.ERROR]
+    return [vocab.RESULT, *output_token_ids, vocab.END_RESULT]

@@ -1,0 +1,345 @@
+"""The SQL catalog: runs, policy versions and sampler leases (SQLite by default, PostgreSQL by URL).
+
+Leases are what keep several trainer ranks, in separate processes, from taking the same
+trajectory: a rank claims trajectory ids in one atomic statement,
+
+    INSERT INTO sampler_leases ... ON CONFLICT (run_id, trajectory_id)
+    DO UPDATE SET owner = excluded.owner, ...  WHERE NOT consumed AND expires_at < :now
+    RETURNING trajectory_id
+
+which inserts a free id, takes over an expired lease (a crashed rank's), and leaves a live
+or consumed one alone; only the ids it returns belong to the caller. PostgreSQL locks the
+conflicting row for the statement, so two ranks racing for an id cannot both get it; on
+SQLite every write transaction starts with BEGIN IMMEDIATE (one writer at a time) and
+waits on a busy timeout. The schema is created and upgraded by Alembic on open.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Integer,
+    String,
+    UniqueConstraint,
+    create_engine,
+    delete,
+    event,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+MIGRATION_LOCK_KEY = 7_305_221_001
+CLAIM_CHUNK = 500
+"""Ids per INSERT statement (keeps bound parameters under SQLite's limit)."""
+
+
+def utcnow() -> dt.datetime:
+    """Naive UTC now: the catalog stores naive UTC timestamps on every backend."""
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the catalog's tables."""
+
+
+class Run(Base):
+    """A training run and its resolved config."""
+
+    __tablename__ = "runs"
+    run_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    config: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    status: Mapped[str] = mapped_column(String(40), default="running")
+
+
+class PolicyVersion(Base):
+    """A policy version a trainer published: its step and checkpoint."""
+
+    __tablename__ = "policy_versions"
+    run_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger)
+    checkpoint: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class SamplerLease(Base):
+    """Who holds (or consumed) a trajectory: at most one row per (run, trajectory)."""
+
+    __tablename__ = "sampler_leases"
+    __table_args__ = (UniqueConstraint("run_id", "trajectory_id", name="uq_sampler_leases_run_trajectory"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(200), index=True)
+    trajectory_id: Mapped[str] = mapped_column(String(200))
+    owner: Mapped[str] = mapped_column(String(200))
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    trainer_version: Mapped[int] = mapped_column(BigInteger, default=0)
+    step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    leased_at: Mapped[dt.datetime] = mapped_column(DateTime)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime)
+    consumed: Mapped[bool] = mapped_column(Boolean, default=False)
+    consumed_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+def default_url(lake_root: str | Path) -> str:
+    """The embedded catalog of a lake: `sqlite:///<lake>/catalog.db`."""
+    return f"sqlite:///{Path(lake_root).resolve() / 'catalog.db'}"
+
+
+def _normalise_url(url: str) -> str:
+    # psycopg 3 is the driver we ship; a bare postgresql:// URL would pick psycopg2.
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def _make_engine(url: str, busy_timeout_s: float) -> Engine:
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True, future=True)
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": busy_timeout_s}, future=True)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not pysqlite, issue BEGIN, so that we can make it IMMEDIATE.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        cur.execute("PRAGMA journal_mode = WAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def upgrade(engine: Engine) -> None:
+    """Run Alembic migrations up to head on `engine`'s database."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # Several ranks may open a fresh catalog at once; migrate one at a time.
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+class Catalog:
+    """Runs, policy versions and sampler leases in one SQL database."""
+
+    def __init__(self, url: str = "sqlite:///trajlake-data/catalog.db", busy_timeout_s: float = 30.0) -> None:
+        self.url = _normalise_url(url)
+        self.engine = _make_engine(self.url, busy_timeout_s)
+        upgrade(self.engine)
+
+    @classmethod
+    def for_lake(cls, lake_root: str | Path, url: str | None = None) -> Catalog:
+        """The catalog at `url`, or the lake's embedded SQLite catalog."""
+        return cls(url or default_url(lake_root))
+
+    @property
+    def dialect(self) -> str:
+        """`sqlite` or `postgresql`."""
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        """Close pooled connections."""
+        self.engine.dispose()
+
+    # -- runs ---------------------------------------------------------------------------
+    def register_run(self, run_id: str, config: dict[str, Any] | None = None, status: str = "running") -> None:
+        """Create the run, or update its config and status."""
+        with Session(self.engine) as session, session.begin():
+            run = session.get(Run, run_id)
+            if run is None:
+                session.add(Run(run_id=run_id, config=config, status=status, created_at=utcnow()))
+            else:
+                run.config = config if config is not None else run.config
+                run.status = status
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """The run as a dict, or None."""
+        with Session(self.engine) as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                return None
+            return {"run_id": run.run_id, "created_at": run.created_at, "config": run.config, "status": run.status}
+
+    def set_run_status(self, run_id: str, status: str) -> None:
+        """Mark a run (e.g. `finished`, `failed`)."""
+        with Session(self.engine) as session, session.begin():
+            session.execute(update(Run).where(Run.run_id == run_id).values(status=status))
+
+    # -- policy versions ------------------------------------------------------------------
+    def record_policy_version(self, run_id: str, version: int, step: int, checkpoint: str | None = None) -> None:
+        """Store (or overwrite) a published policy version."""
+        with Session(self.engine) as session, session.begin():
+            session.merge(
+                PolicyVersion(run_id=run_id, version=version, step=step, checkpoint=checkpoint, created_at=utcnow())
+            )
+
+    def latest_policy_version(self, run_id: str) -> dict[str, Any] | None:
+        """The highest published version of a run: version, step, checkpoint; None if none."""
+        with Session(self.engine) as session:
+            row = session.scalars(
+                select(PolicyVersion).where(PolicyVersion.run_id == run_id).order_by(PolicyVersion.version.desc()).limit(1)
+            ).first()
+            if row is None:
+                return None
+            return {"version": row.version, "step": row.step, "checkpoint": row.checkpoint}
+
+    # -- leases ---------------------------------------------------------------------------
+    def claim(
+        self,
+        run_id: str,
+        trajectory_ids: Sequence[str],
+        owner: str,
+        *,
+        rank: int = 0,
+        trainer_version: int = 0,
+        ttl_s: float = 300.0,
+    ) -> list[str]:
+        """Lease the free or expired ids among `trajectory_ids`; return the ids now held by `owner`."""
+        if not trajectory_ids:
+            return []
+        claimed: list[str] = []
+        with self.engine.begin() as conn:
+            now = utcnow()
+            expires = now + dt.timedelta(seconds=ttl_s)
+            for start in range(0, len(trajectory_ids), CLAIM_CHUNK):
+                chunk = list(dict.fromkeys(trajectory_ids[start : start + CLAIM_CHUNK]))
+                rows = [
+                    {
+                        "run_id": run_id,
+                        "trajectory_id": tid,
+                        "owner": owner,
+                        "rank": rank,
+                        "trainer_version": trainer_version,
+                        "leased_at": now,
+                        "expires_at": expires,
+                        "consumed": False,
+                    }
+                    for tid in chunk
+                ]
+                claimed.extend(conn.execute(self._claim_statement(now), rows).scalars().all())
+        return claimed
+
+    def _claim_statement(self, now: dt.datetime) -> Any:
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        table = SamplerLease.__table__
+        stmt = insert(table)
+        excluded = stmt.excluded
+        return stmt.on_conflict_do_update(
+            index_elements=[table.c.run_id, table.c.trajectory_id],
+            set_={
+                "owner": excluded.owner,
+                "rank": excluded.rank,
+                "trainer_version": excluded.trainer_version,
+                "leased_at": excluded.leased_at,
+                "expires_at": excluded.expires_at,
+                "step": None,
+            },
+            where=(table.c.consumed.is_(False)) & (table.c.expires_at < now),
+        ).returning(table.c.trajectory_id)
+
+    def renew(self, run_id: str, owner: str, ttl_s: float = 300.0, trajectory_ids: Iterable[str] | None = None) -> int:
+        """Push back the expiry of `owner`'s live leases (all, or the given ids); return how many."""
+        with self.engine.begin() as conn:
+            stmt = (
+                update(SamplerLease)
+                .where(SamplerLease.run_id == run_id, SamplerLease.owner == owner, SamplerLease.consumed.is_(False))
+                .values(expires_at=utcnow() + dt.timedelta(seconds=ttl_s))
+            )
+            if trajectory_ids is not None:
+                stmt = stmt.where(SamplerLease.trajectory_id.in_(list(trajectory_ids)))
+            return conn.execute(stmt).rowcount
+
+    def release(self, run_id: str, trajectory_ids: Iterable[str], owner: str) -> int:
+        """Give back `owner`'s unconsumed leases on these ids; return how many."""
+        ids = list(trajectory_ids)
+        if not ids:
+            return 0
+        with self.engine.begin() as conn:
+            stmt = delete(SamplerLease).where(
+                SamplerLease.run_id == run_id,
+                SamplerLease.owner == owner,
+                SamplerLease.consumed.is_(False),
+                SamplerLease.trajectory_id.in_(ids),
+            )
+            return conn.execute(stmt).rowcount
+
+    def mark_consumed(self, run_id: str, trajectory_ids: Iterable[str], owner: str, step: int | None = None) -> list[str]:
+        """Mark `owner`'s leases consumed (used by a step); return the ids it still held.
+
+        An id missing from the result had expired and been taken by another rank: the
+        caller must not record it as its own.
+        """
+        ids = list(trajectory_ids)
+        if not ids:
+            return []
+        with self.engine.begin() as conn:
+            stmt = (
+                update(SamplerLease)
+                .where(
+                    SamplerLease.run_id == run_id,
+                    SamplerLease.owner == owner,
+                    SamplerLease.consumed.is_(False),
+                    SamplerLease.trajectory_id.in_(ids),
+                )
+                .values(consumed=True, consumed_at=utcnow(), step=step)
+                .returning(SamplerLease.trajectory_id)
+            )
+            return list(conn.execute(stmt).scalars().all())
+
+    def unavailable_ids(self, run_id: str) -> set[str]:
+        """Ids another claim would not get now: consumed, or leased and not expired."""
+        now = utcnow()
+        with self.engine.connect() as conn:
+            stmt = select(SamplerLease.trajectory_id).where(
+                SamplerLease.run_id == run_id, (SamplerLease.consumed.is_(True)) | (SamplerLease.expires_at >= now)
+            )
+            return set(conn.execute(stmt).scalars().all())
+
+    def lease_counts(self, run_id: str) -> dict[str, int]:
+        """How many leases of a run are consumed, live (held) and expired."""
+        now = utcnow()
+        lease = SamplerLease
+        with self.engine.connect() as conn:
+            consumed, live, expired = conn.execute(
+                select(
+                    func.count().filter(lease.consumed.is_(True)),
+                    func.count().filter(lease.consumed.is_(False), lease.expires_at >= now),
+                    func.count().filter(lease.consumed.is_(False), lease.expires_at < now),
+                ).where(lease.run_id == run_id)
+            ).one()
+        return {"consumed": consumed, "live": live, "expired": expired}
+
+    def consumed_ids(self, run_id: str) -> list[str]:
+        """Every consumed trajectory id of a run."""
+        with self.engine.connect() as conn:
+            stmt = select(SamplerLease.trajectory_id).where(
+                SamplerLease.run_id == run_id, SamplerLease.consumed.is_(True)
+            )
+            return list(conn.execute(stmt).scalars().all())

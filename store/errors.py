@@ -1,0 +1,36 @@
+"""Errors of the lake: each carries the table or query it concerns and says the fix."""
+
+from __future__ import annotations
+
+
+class LakeError(RuntimeError):
+    """A lake operation failed; `table_uri` says where."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, table_uri: str | None = None) -> None:
+        super().__init__(message)
+        self.table_uri = table_uri
+
+
+class CommitConflict(LakeError):
+    """Another writer committed first and the commit could not be retried; safe to redo."""
+
+    retryable = True
+
+
+class ReadOnlyQueryError(LakeError):
+    """A SQL statement tried to write, or to read outside the lake."""
+
+
+class TxnFenced(LakeError):
+    """A `txn` app id moved on since this writer read it: another writer owns that source now.
+
+    The writer must drop what it buffered for that source and resume from the Delta log.
+    """
+
+    retryable = False
+
+    def __init__(self, message: str, *, table_uri: str | None = None, stale: dict[str, tuple] | None = None) -> None:
+        super().__init__(message, table_uri=table_uri)
+        self.stale = stale or {}

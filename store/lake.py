@@ -1,0 +1,334 @@
+"""The lake: Delta tables under one root, written as Parquet we lay out ourselves.
+
+Appends write one Parquet file with pyarrow (zstd, byte-stream-split logprobs) and commit
+it with delta-rs in a single Delta transaction that may carry `txn` actions (source
+offsets, projection positions), so rows and positions land together or not at all.
+Reads go through DuckDB over the files of the current Delta snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction
+
+from trajlake.schemas.events import EVENTS_SCHEMA
+from trajlake.schemas.tables import TABLE_SCHEMAS
+from trajlake.store.config import LakeConfig
+from trajlake.store.errors import CommitConflict, LakeError, TxnFenced
+
+TABLES = ("events", *TABLE_SCHEMAS)
+SCHEMAS: dict[str, pa.Schema] = {"events": EVENTS_SCHEMA, **TABLE_SCHEMAS}
+STATS_COLUMNS = ("run_id", "trajectory_id", "seq", "event_type", "step")
+"""Columns whose min/max go into the Delta log, so readers can skip files."""
+
+COMMIT_RETRIES = 20
+
+
+def _storage_options_from_env() -> dict[str, str]:
+    keys = (
+        "AWS_ENDPOINT_URL",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_ALLOW_HTTP",
+        "AWS_S3_ALLOW_UNSAFE_RENAME",
+        "AWS_CONDITIONAL_PUT",
+    )
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+class Lake:
+    """All tables of one lake root (a local directory, or `s3://bucket/prefix`)."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        config: LakeConfig | None = None,
+        storage_options: Mapping[str, str] | None = None,
+    ) -> None:
+        root = str(root)
+        self.is_local = "://" not in root or root.startswith("file://")
+        self.root = str(Path(root.removeprefix("file://")).resolve()) if self.is_local else root.rstrip("/")
+        self.config = config or LakeConfig()
+        self.storage_options = dict(storage_options or _storage_options_from_env())
+        self._tables: dict[str, DeltaTable] = {}
+        self._lock = threading.RLock()
+        self._sql: Any = None
+        if self.is_local:
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"Lake({self.root!r})"
+
+    # -- tables --------------------------------------------------------------------------
+    def uri(self, name: str) -> str:
+        """The Delta table URI of `name`."""
+        if name not in SCHEMAS:
+            raise LakeError(f"unknown table {name!r}; the lake has {', '.join(TABLES)}")
+        return f"{self.root}/{name}"
+
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """A pyarrow filesystem and the lake root's path in it."""
+        if self.is_local:
+            return pafs.LocalFileSystem(), self.root
+        fs, path = pafs.FileSystem.from_uri(self.root)
+        return fs, path
+
+    def exists(self, name: str) -> bool:
+        """True if table `name` has been created."""
+        try:
+            return DeltaTable.is_deltatable(self.uri(name), storage_options=self.storage_options or None)
+        except OSError:
+            return False
+
+    def delta(self, name: str, create: bool = True) -> DeltaTable:
+        """The up-to-date `DeltaTable` for `name`, created empty on first use."""
+        with self._lock:
+            table = self._tables.get(name)
+            if table is None:
+                table = self._open(name, create)
+                self._tables[name] = table
+            else:
+                table.update_incremental()
+            return table
+
+    def _open(self, name: str, create: bool) -> DeltaTable:
+        uri = self.uri(name)
+        options = self.storage_options or None
+        try:
+            return DeltaTable(uri, storage_options=options)
+        except TableNotFoundError:
+            if not create:
+                raise LakeError(f"table {name} does not exist yet at {uri}", table_uri=uri) from None
+        try:
+            DeltaTable.create(uri, SCHEMAS[name], mode="ignore", storage_options=options, name=name)
+        except CommitFailedError:
+            pass  # another writer created it first
+        return DeltaTable(uri, storage_options=options)
+
+    def version(self, name: str) -> int:
+        """Current Delta version of `name` (-1 if it does not exist)."""
+        if not self.exists(name):
+            return -1
+        return self.delta(name).version()
+
+    def txn_version(self, name: str, app_id: str) -> int | None:
+        """The version stored by the last `txn` action of `app_id` in table `name`."""
+        if not self.exists(name):
+            return None
+        return self.delta(name).transaction_version(app_id)
+
+    def files(self, name: str) -> list[str]:
+        """Paths of the Parquet files in the current snapshot of `name`."""
+        if not self.exists(name):
+            return []
+        return list(self.delta(name).file_uris())
+
+    # -- writes --------------------------------------------------------------------------
+    def write_file(self, name: str, data: pa.Table) -> AddAction:
+        """Write `data` as one new Parquet file of table `name` (not yet committed)."""
+        self.delta(name)  # creates the table (and its directory) on first write
+        data = _cast(data, SCHEMAS[name])
+        rel = f"part-{int(time.time() * 1000):013d}-{uuid.uuid4().hex}.zstd.parquet"
+        fs, root = self.filesystem()
+        path = f"{root}/{name}/{rel}"
+        tmp = f"{root}/{name}/.{rel}.tmp" if self.is_local else path
+        with fs.open_output_stream(tmp) as out:
+            pq.write_table(data, out, **self._parquet_options(data.schema))
+        if self.is_local:
+            os.replace(tmp, path)  # a reader never sees a half-written file
+        size = fs.get_file_info(path).size
+        return AddAction(rel, size, {}, int(time.time() * 1000), True, json.dumps(_stats(data)))
+
+    def _parquet_options(self, schema: pa.Schema) -> dict[str, Any]:
+        float_lists = [
+            f"{f.name}.list.element"
+            for f in schema
+            if pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)
+        ]
+        split = float_lists if self.config.byte_stream_split_floats else []
+        dictionary = [f.name for f in schema if f.name + ".list.element" not in split]
+        return {
+            "compression": self.config.compression,
+            "compression_level": self.config.compression_level,
+            "row_group_size": self.config.row_group_rows,
+            "use_dictionary": dictionary,
+            "use_byte_stream_split": split or False,
+            "write_statistics": True,
+        }
+
+    def commit(
+        self,
+        name: str,
+        actions: Sequence[AddAction],
+        app_transactions: Mapping[str, int] | None = None,
+        mode: str = "append",
+        expect_txns: Mapping[str, int | None] | None = None,
+    ) -> int:
+        """Commit written files (and `txn` actions) in one Delta transaction; return the version.
+
+        With `expect_txns` (app id -> the version this writer last saw, None for none), the
+        commit lands only on a snapshot where every listed app id still has that version,
+        else `TxnFenced` is raised: how a sink that lost its partitions is kept from
+        committing them twice.
+        """
+        txns = [Transaction(app_id=k, version=int(v)) for k, v in (app_transactions or {}).items()]
+        if expect_txns is not None:
+            return self._commit_fenced(name, actions, txns, mode, expect_txns)
+        props = CommitProperties(app_transactions=txns or None, max_commit_retries=COMMIT_RETRIES)
+        table = self.delta(name)
+        try:
+            table.create_write_transaction(list(actions), mode=mode, schema=SCHEMAS[name], commit_properties=props)
+        except CommitFailedError as err:
+            raise CommitConflict(f"commit to {name} failed: {err}", table_uri=self.uri(name)) from err
+        table.update_incremental()
+        return table.version()
+
+    def check_txns(self, name: str, expect_txns: Mapping[str, int | None]) -> DeltaTable:
+        """The up-to-date table, after checking each app id still has the expected version."""
+        table = self.delta(name)
+        stale = {}
+        for app_id, expected in expect_txns.items():
+            stored = table.transaction_version(app_id)
+            if stored != expected:
+                stale[app_id] = (expected, stored)
+        if stale:
+            detail = ", ".join(f"{a}: expected {e}, found {f}" for a, (e, f) in stale.items())
+            raise TxnFenced(f"another writer committed to {name} first ({detail})", table_uri=self.uri(name), stale=stale)
+        return table
+
+    def _commit_fenced(
+        self,
+        name: str,
+        actions: Sequence[AddAction],
+        txns: list[Transaction],
+        mode: str,
+        expect_txns: Mapping[str, int | None],
+    ) -> int:
+        # Zero delta-rs retries: a commit that lost a race is re-checked here instead of being
+        # rebased blindly onto a snapshot where another writer may have stored the same offsets.
+        props = CommitProperties(app_transactions=txns or None, max_commit_retries=0)
+        for attempt in range(COMMIT_RETRIES * 5):
+            table = self.check_txns(name, expect_txns)
+            try:
+                table.create_write_transaction(list(actions), mode=mode, schema=SCHEMAS[name], commit_properties=props)
+            except CommitFailedError:
+                time.sleep(min(0.5, 0.01 * (attempt + 1)))
+                continue
+            table.update_incremental()
+            return table.version()
+        raise CommitConflict(f"commit to {name} kept losing races with other writers", table_uri=self.uri(name))
+
+    def append(self, name: str, data: pa.Table, app_transactions: Mapping[str, int] | None = None) -> int:
+        """Append rows (possibly none) and `txn` actions atomically; return the new version."""
+        actions = [self.write_file(name, data)] if data.num_rows else []
+        return self.commit(name, actions, app_transactions)
+
+    def overwrite(self, name: str, data: pa.Table, app_transactions: Mapping[str, int] | None = None) -> int:
+        """Replace every row of `name` with `data` in one commit."""
+        actions = [self.write_file(name, data)] if data.num_rows else []
+        return self.commit(name, actions, app_transactions, mode="overwrite")
+
+    def upsert(
+        self,
+        name: str,
+        data: pa.Table,
+        keys: Sequence[str],
+        app_transactions: Mapping[str, int] | None = None,
+    ) -> int:
+        """Insert rows, replacing those with the same `keys`, in one Delta MERGE commit."""
+        if not data.num_rows:
+            return self.append(name, data, app_transactions)
+        predicate = " AND ".join(f"t.{k} = s.{k}" for k in keys)
+        txns = [Transaction(app_id=k, version=int(v)) for k, v in (app_transactions or {}).items()]
+        props = CommitProperties(app_transactions=txns or None, max_commit_retries=COMMIT_RETRIES)
+        table = self.delta(name)
+        try:
+            (
+                table.merge(
+                    _cast(data, SCHEMAS[name]),
+                    predicate=predicate,
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=props,
+                )
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute()
+            )
+        except CommitFailedError as err:
+            raise CommitConflict(f"merge into {name} failed: {err}", table_uri=self.uri(name)) from err
+        table.update_incremental()
+        return table.version()
+
+    # -- reads ---------------------------------------------------------------------------
+    def read(self, name: str, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
+        """Rows of a stored table (no views), optionally projected and filtered with SQL."""
+        from trajlake.store.sql import read_files
+
+        return read_files(self, name, columns, where)
+
+    def sql(self, query: str) -> pa.Table:
+        """Run one read-only SQL query over every table; return Arrow."""
+        return self.query_engine().sql(query)
+
+    def query_engine(self) -> Any:
+        """The lake's shared read-only DuckDB engine (`trajlake.store.sql.QueryEngine`)."""
+        with self._lock:
+            if self._sql is None:
+                from trajlake.store.sql import QueryEngine
+
+                self._sql = QueryEngine(self)
+            return self._sql
+
+    def connect(self) -> Any:
+        """A read-only DuckDB connection with every table registered as a view."""
+        return self.query_engine().cursor()
+
+    def close(self) -> None:
+        """Release the DuckDB engine."""
+        with self._lock:
+            if self._sql is not None:
+                self._sql.close()
+                self._sql = None
+
+
+def _cast(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    if data.schema.equals(schema):
+        return data
+    missing = [f.name for f in schema if f.name not in data.column_names]
+    for name in missing:
+        data = data.append_column(name, pa.nulls(data.num_rows, schema.field(name).type))
+    return data.select(schema.names).cast(schema)
+
+
+def _stats(data: pa.Table) -> dict[str, Any]:
+    stats: dict[str, Any] = {"numRecords": data.num_rows}
+    lo: dict[str, Any] = {}
+    hi: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in STATS_COLUMNS:
+        if name not in data.column_names:
+            continue
+        col = data.column(name)
+        nulls[name] = col.null_count
+        if data.num_rows and col.null_count < data.num_rows:
+            mm = pc.min_max(col)
+            lo[name], hi[name] = mm["min"].as_py(), mm["max"].as_py()
+    stats.update(minValues=lo, maxValues=hi, nullCount=nulls)
+    return stats

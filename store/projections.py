@@ -1,0 +1,280 @@
+"""Projections: `trajectories`, `turns`, `tool_calls`, `policy_versions` and `batch_consumption`,
+each a pure function of `events`.
+
+Each projection table records, as a Delta `txn` action in the same commit as its rows, the
+`events` version it reflects (app id `trajlake-projection`). `catch_up` advances them from
+there using the files the Delta log says were added since, so a crash between committing
+events and updating projections is repaired on the next run. Rows of trajectories seen for
+the first time are appended; rows of trajectories that already have rows are recomputed
+from all their events and merged, which makes every update idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
+
+if TYPE_CHECKING:
+    from trajlake.store.lake import Lake
+
+APP_ID = "trajlake-projection"
+
+KEYS: dict[str, tuple[str, ...]] = {
+    "trajectories": ("run_id", "trajectory_id"),
+    "turns": ("run_id", "trajectory_id", "seq"),
+    "tool_calls": ("run_id", "trajectory_id", "call_id"),
+}
+
+TURNS_SQL = """
+select run_id, trajectory_id, event_id, seq, turn_index, policy_version,
+  coalesce(len(input_token_ids), 0)::bigint as n_input_tokens,
+  len(output_token_ids)::bigint as n_output_tokens,
+  coalesce(list_count(list_filter(loss_mask, lambda x: x)), len(output_token_ids))::bigint as n_loss_tokens,
+  coalesce(input_is_full, false) as input_is_full, finish_reason, context_used_fraction,
+  coalesce(nudged, false) as nudged, coalesce(tito_drift, false) as tito_drift, latency_s,
+  coalesce(list_sum(output_logprobs), 0)::double as sum_logprob, event_time
+from e where event_type = 'turn'
+"""
+
+TOOL_CALLS_SQL = """
+with c as (select * from e where event_type = 'tool_call'),
+     r as (select * from e where event_type = 'tool_result')
+select coalesce(c.run_id, r.run_id) as run_id, coalesce(c.trajectory_id, r.trajectory_id) as trajectory_id,
+  coalesce(c.call_id, r.call_id) as call_id, coalesce(c.tool_name, r.tool_name) as tool_name,
+  c.arguments, coalesce(c.is_code_execution, r.is_code_execution, false) as is_code_execution,
+  r.event_id is not null as has_result, r.ok, r.error_type,
+  coalesce(r.timed_out, false) as timed_out, coalesce(r.truncated, false) as truncated,
+  r.output_tokens, coalesce(r.retries, 0)::int as retries, r.latency_s,
+  c.seq as call_seq, r.seq as result_seq, c.event_time as called_at, r.event_time as finished_at
+from c full outer join r on c.run_id = r.run_id and c.trajectory_id = r.trajectory_id and c.call_id = r.call_id
+"""
+
+TRAJECTORIES_SQL = """
+with ids as (
+  select run_id, trajectory_id from e
+  where trajectory_id is not null and event_type in
+    ('trajectory_started', 'turn', 'tool_call', 'tool_result', 'reward', 'trajectory_finished')
+  group by all
+),
+s as (
+  select run_id, trajectory_id, arg_min(task_id, seq) as task_id, arg_min(group_id, seq) as group_id,
+    arg_min(sample_index, seq) as sample_index, arg_min(environment, seq) as environment,
+    arg_min(harness, seq) as harness, arg_min(model, seq) as model,
+    arg_min(context_budget_tokens, seq) as context_budget_tokens, min(event_time) as started_at
+  from e where event_type = 'trajectory_started' group by all
+),
+t as (
+  select run_id, trajectory_id, count(*) as n_turns,
+    min(policy_version) as policy_version_min, max(policy_version) as policy_version_max,
+    sum(len(output_token_ids)) as assistant_tokens,
+    sum(case when turn_index = 0 then coalesce(len(input_token_ids), 0) else 0 end) as prompt_tokens,
+    sum(case when turn_index > 0 then coalesce(len(input_token_ids), 0) else 0 end) as env_tokens,
+    sum(coalesce(list_sum(output_logprobs), 0)) as sum_logprob,
+    max(context_used_fraction) as context_peak_fraction,
+    count(*) filter (where nudged) as n_nudges, count(*) filter (where tito_drift) as n_drift_turns
+  from e where event_type = 'turn' group by all
+),
+tc as (
+  select run_id, trajectory_id, count(*) as n_tool_calls,
+    count(*) filter (where has_result and not ok) as n_tool_errors,
+    count(*) filter (where timed_out) as n_tool_timeouts,
+    count(*) filter (where truncated) as n_tool_truncated,
+    sum(retries) as n_tool_retries,
+    count(*) filter (where is_code_execution) as n_code_exec
+  from tool_calls_rows group by all
+),
+r as (
+  select run_id, trajectory_id, arg_max(reward, seq) as reward, arg_max(verifier_error, seq) as verifier_error
+  from e where event_type = 'reward' group by all
+),
+f as (
+  select run_id, trajectory_id, arg_max(status, seq) as status, arg_max(failure_origin, seq) as failure_origin,
+    arg_max(failure_label, seq) as failure_label, arg_max(message, seq) as message, max(event_time) as finished_at
+  from e where event_type = 'trajectory_finished' group by all
+)
+select ids.run_id, ids.trajectory_id, s.task_id, s.group_id, s.sample_index, s.environment, s.harness, s.model,
+  s.context_budget_tokens, t.policy_version_min, t.policy_version_max, r.reward, r.verifier_error,
+  f.status, f.failure_origin, f.failure_label, f.message, f.status is not null as finished,
+  coalesce(t.n_turns, 0) as n_turns, coalesce(tc.n_tool_calls, 0) as n_tool_calls,
+  coalesce(tc.n_tool_errors, 0) as n_tool_errors, coalesce(tc.n_tool_timeouts, 0) as n_tool_timeouts,
+  coalesce(tc.n_tool_truncated, 0) as n_tool_truncated, coalesce(tc.n_tool_retries, 0) as n_tool_retries,
+  coalesce(tc.n_code_exec, 0) as n_code_exec,
+  coalesce(t.assistant_tokens, 0) as assistant_tokens, coalesce(t.env_tokens, 0) as env_tokens,
+  coalesce(t.prompt_tokens + t.assistant_tokens + t.env_tokens, 0) as total_tokens,
+  coalesce(t.sum_logprob, 0) as sum_logprob, t.context_peak_fraction,
+  coalesce(t.n_nudges, 0) > 0 as nudged, coalesce(t.n_nudges, 0) as n_nudges,
+  coalesce(t.n_drift_turns, 0) > 0 as tito_drift, coalesce(t.n_drift_turns, 0) as n_drift_turns,
+  s.started_at, f.finished_at
+from ids
+left join s using (run_id, trajectory_id) left join t using (run_id, trajectory_id)
+left join tc using (run_id, trajectory_id) left join r using (run_id, trajectory_id)
+left join f using (run_id, trajectory_id)
+"""
+
+POLICY_VERSIONS_SQL = """
+select run_id, policy_version, step, checkpoint, metrics, event_time
+from e where event_type = 'policy_updated'
+"""
+
+BATCH_CONSUMPTION_SQL = """
+select run_id, step, trainer_version, unnest(consumed_trajectory_ids) as trajectory_id,
+  unnest(consumed_staleness) as staleness, event_time
+from e where event_type = 'batch_consumed'
+"""
+
+EVENT_COLUMNS = (
+    "event_id", "event_type", "run_id", "trajectory_id", "seq", "event_time", "task_id", "group_id",
+    "sample_index", "environment", "harness", "model", "context_budget_tokens", "turn_index",
+    "policy_version", "input_token_ids", "input_is_full", "output_token_ids", "output_logprobs",
+    "loss_mask", "finish_reason", "context_used_fraction", "nudged", "tito_drift", "latency_s",
+    "call_id", "tool_name", "arguments", "is_code_execution", "ok", "error_type", "timed_out",
+    "truncated", "output_tokens", "retries", "reward", "verifier_error", "status", "failure_origin",
+    "failure_label", "message", "step", "checkpoint", "metrics", "trainer_version",
+    "consumed_trajectory_ids", "consumed_staleness",
+)  # fmt: skip
+"""The `events` columns projections read (token payloads only for their lengths and sums)."""
+
+
+def compute(events: pa.Table | None, con: duckdb.DuckDBPyConnection | None = None) -> dict[str, pa.Table]:
+    """All projection rows derived from `events` (which must hold whole trajectories).
+
+    With `events=None`, `con` must already have a view `e` over the events to project.
+    """
+    own = con is None
+    con = con or duckdb.connect()
+    try:
+        if events is not None:
+            con.register("e", events)
+        out: dict[str, pa.Table] = {}
+        out["turns"] = con.sql(TURNS_SQL).to_arrow_table()
+        out["tool_calls"] = con.sql(TOOL_CALLS_SQL).to_arrow_table()
+        con.register("tool_calls_rows", out["tool_calls"])
+        out["trajectories"] = con.sql(TRAJECTORIES_SQL).to_arrow_table()
+        out["policy_versions"] = con.sql(POLICY_VERSIONS_SQL).to_arrow_table()
+        out["batch_consumption"] = con.sql(BATCH_CONSUMPTION_SQL).to_arrow_table()
+        con.unregister("tool_calls_rows")
+        if events is not None:
+            con.unregister("e")
+        return {name: _sorted(name, _conform(name, table)) for name, table in out.items()}
+    finally:
+        if own:
+            con.close()
+
+
+def _conform(name: str, table: pa.Table) -> pa.Table:
+    schema = TABLE_SCHEMAS[name]
+    return table.select(schema.names).cast(schema)
+
+
+def _sorted(name: str, table: pa.Table) -> pa.Table:
+    keys = KEYS.get(name) or (("run_id", "step", "trajectory_id") if name == "batch_consumption" else ("run_id", "policy_version"))
+    return table.sort_by([(k, "ascending") for k in keys])
+
+
+def added_files(lake: Lake, after: int, upto: int) -> list[str] | None:
+    """Paths of data files added to `events` by commits after..upto; None if the log is gone."""
+    fs, root = lake.filesystem()
+    paths: list[str] = []
+    for version in range(after + 1, upto + 1):
+        log = f"{root}/events/_delta_log/{version:020d}.json"
+        try:
+            with fs.open_input_stream(log) as f:
+                lines = f.read().decode().splitlines()
+        except FileNotFoundError:
+            return None
+        for line in lines:
+            action = json.loads(line)
+            add = action.get("add")
+            if add and add.get("dataChange", True):
+                paths.append(add["path"])
+    return paths
+
+
+def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Table]) -> pa.Table:
+    from trajlake.store.lake import SCHEMAS
+
+    fs, root = lake.filesystem()
+    parts = []
+    for path in paths:
+        if path in known:
+            parts.append(known[path].select(list(EVENT_COLUMNS)))
+        else:
+            parts.append(pq.read_table(f"{root}/events/{path}", columns=list(EVENT_COLUMNS), filesystem=fs))
+    if not parts:
+        return SCHEMAS["events"].empty_table().select(list(EVENT_COLUMNS))
+    return pa.concat_tables(parts)
+
+
+def catch_up(lake: Lake, known: Mapping[str, pa.Table] | None = None) -> int:
+    """Bring every projection up to the current `events` version; return that version.
+
+    Args:
+        lake: the lake.
+        known: events files this process just wrote, by relative path, to skip reading them back.
+    """
+    upto = lake.version("events")
+    if upto < 0:
+        return upto
+    positions = {name: lake.txn_version(name, APP_ID) for name in PROJECTION_TABLES}
+    for after in sorted({-1 if p is None else p for p in positions.values()}):
+        if after >= upto:
+            continue
+        names = [n for n, p in positions.items() if (-1 if p is None else p) == after]
+        paths = added_files(lake, after, upto)
+        if paths is None:  # the log before `upto` was cleaned up: recompute from scratch
+            rebuild(lake, names)
+            continue
+        new = _read_new_events(lake, paths, known or {})
+        _apply(lake, names, new, upto)
+    return upto
+
+
+def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int) -> None:
+    txn = {APP_ID: upto}
+    fresh_rows = compute(new)
+    is_traj = pc.is_valid(new.column("trajectory_id"))
+    ids = set(pc.filter(new.column("trajectory_id"), is_traj).to_pylist())
+    starts = pc.and_(pc.equal(new.column("event_type"), "trajectory_started"), pc.equal(new.column("seq"), 0))
+    fresh = set(pc.filter(new.column("trajectory_id"), starts).to_pylist())
+    old = sorted(ids - fresh)
+    old_rows: dict[str, pa.Table] = {}
+    if old:
+        quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in old)
+        everything = lake.read("events", EVENT_COLUMNS, where=f"trajectory_id in ({quoted})")
+        old_rows = compute(everything)
+    for name in names:
+        rows = fresh_rows[name]
+        if name in ("trajectories", "tool_calls") and old:
+            keep = pc.invert(pc.is_in(rows.column("trajectory_id"), pa.array(old)))
+            rows = pa.concat_tables([rows.filter(keep), old_rows[name]])
+            lake.upsert(name, rows, KEYS[name], txn)
+        else:  # turns and trainer projections: one row per event, never revised
+            lake.append(name, rows, txn)
+
+
+def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, int]:
+    """Recreate projections from all of `events`; return rows per table."""
+    upto = lake.version("events")
+    con = duckdb.connect()
+    try:
+        con.execute("set threads to 2")
+        from trajlake.store.sql import register_tables
+
+        register_tables(con, lake, ["events"])
+        con.execute(f"create or replace temp view e as select {', '.join(EVENT_COLUMNS)} from _t_events")
+        rows = compute(None, con)
+    finally:
+        con.close()
+    counts = {}
+    for name in names:
+        lake.overwrite(name, rows[name], {APP_ID: max(upto, -1)})
+        counts[name] = rows[name].num_rows
+    return counts

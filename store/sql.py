@@ -1,0 +1,175 @@
+"""Read-only SQL over the lake with DuckDB.
+
+Every table is a view over the Parquet files of its current Delta snapshot. The
+`trajectories` and `turns` views add their token columns from `events`, where token
+payloads are stored once; DuckDB drops the join when a query does not use them.
+Queries are read-only: only SELECT-like statements run, and the connection can read no
+file outside the lake and reach no network.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+
+from trajlake.store.errors import ReadOnlyQueryError
+
+if TYPE_CHECKING:
+    from trajlake.store.lake import Lake
+
+ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+TRAJECTORY_TOKENS_SQL = """
+select run_id, trajectory_id,
+  flatten(list(list_concat(coalesce(input_token_ids, []::int[]), output_token_ids) order by seq)) as token_ids,
+  flatten(list(list_concat(list_transform(coalesce(input_token_ids, []::int[]), lambda x: 0::float),
+                           output_logprobs) order by seq)) as logprobs,
+  flatten(list(list_concat(list_transform(coalesce(input_token_ids, []::int[]), lambda x: false),
+                           coalesce(loss_mask, list_transform(output_token_ids, lambda x: true))) order by seq)) as loss_mask
+from (
+  select *, max(case when input_is_full then seq end) over (partition by run_id, trajectory_id) as restart_seq
+  from _t_events where event_type = 'turn'
+)
+where restart_seq is null or seq >= restart_seq
+group by run_id, trajectory_id
+"""
+"""The whole token sequence of each trajectory: prompt, outputs and appended input, in order.
+
+A turn whose input broke the prefix invariant (TITO drift) stored its full input; the
+sequence then restarts there, as the context the engine actually saw."""
+
+TURN_TOKENS_SQL = """
+select event_id, any_value(input_token_ids) as input_token_ids, any_value(output_token_ids) as output_token_ids,
+  any_value(output_logprobs) as output_logprobs, any_value(loss_mask) as loss_mask
+from _t_events where event_type = 'turn' group by event_id
+"""
+
+VIEWS = {
+    "trajectories": """
+        select t.*, k.token_ids, k.logprobs, k.loss_mask
+        from _t_trajectories t
+        left join _trajectory_tokens k on k.run_id = t.run_id and k.trajectory_id = t.trajectory_id
+    """,
+    "turns": """
+        select t.*, k.input_token_ids, k.output_token_ids, k.output_logprobs, k.loss_mask
+        from _t_turns t left join _turn_tokens k on k.event_id = t.event_id
+    """,
+}
+
+
+def _sql_list(paths: Sequence[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+def register_tables(con: duckdb.DuckDBPyConnection, lake: Lake, names: Sequence[str]) -> None:
+    """(Re)create a raw `_t_<name>` view per table over its current files."""
+    for name in names:
+        files = lake.files(name)
+        if not lake.is_local and files:
+            import pyarrow.dataset as ds
+
+            fs, _ = lake.filesystem()
+            paths = [f.split("://", 1)[1] for f in files]
+            con.register(f"_d_{name}", ds.dataset(paths, filesystem=fs, format="parquet"))
+            con.execute(f"create or replace view _t_{name} as select * from _d_{name}")
+        elif files:
+            con.execute(f"create or replace view _t_{name} as select * from read_parquet({_sql_list(files)})")
+        else:
+            from trajlake.store.lake import SCHEMAS
+
+            # An in-memory table, not a registered Arrow object: cursors (QueryEngine.cursor)
+            # do not see objects registered on the parent connection.
+            con.execute(f"drop table if exists _empty_{name}")
+            con.from_arrow(SCHEMAS[name].empty_table()).create(f"_empty_{name}")
+            con.execute(f"create or replace view _t_{name} as select * from _empty_{name}")
+
+
+def read_files(lake: Lake, name: str, columns: Sequence[str] | None, where: str | None) -> pa.Table:
+    """Internal read of one stored table (trusted SQL: no read-only guard)."""
+    con = duckdb.connect()
+    try:
+        con.execute("set threads to 2")
+        register_tables(con, lake, [name])
+        cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
+        query = f"select {cols} from _t_{name}" + (f" where {where}" if where else "")
+        return con.sql(query).to_arrow_table()
+    finally:
+        con.close()
+
+
+class QueryEngine:
+    """A read-only DuckDB database whose views follow the lake's Delta versions."""
+
+    def __init__(self, lake: Lake) -> None:
+        from trajlake.store.lake import TABLES
+
+        self.lake = lake
+        self.tables = TABLES
+        self._lock = threading.Lock()
+        self._versions: dict[str, int] = {}
+        self.con = duckdb.connect()
+        self.con.execute("set threads to 2")
+        self._refresh(force=True)
+        self.con.execute("create or replace view _trajectory_tokens as " + TRAJECTORY_TOKENS_SQL)
+        self.con.execute("create or replace view _turn_tokens as " + TURN_TOKENS_SQL)
+        for name in self.tables:
+            body = VIEWS.get(name, f"select * from _t_{name}")
+            self.con.execute(f"create or replace view {name} as {body}")
+        if lake.is_local:
+            root = lake.root.rstrip("/") + "/"
+            self.con.execute(f"set allowed_directories = {_sql_list([root])}")
+        self.con.execute("set enable_external_access = false")
+        self.con.execute("set lock_configuration = true")
+
+    def _refresh(self, force: bool = False) -> None:
+        current = {name: self.lake.version(name) for name in self.tables}
+        stale = [n for n in self.tables if force or current[n] != self._versions.get(n)]
+        if stale:
+            register_tables(self.con, self.lake, stale)
+            self._versions.update(current)
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection for one thread, over up-to-date views."""
+        with self._lock:
+            self._refresh()
+            return self.con.cursor()
+
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
+        """Run one read-only statement; raise `ReadOnlyQueryError` for anything that writes."""
+        check_read_only(query)
+        cur = self.cursor()
+        try:
+            try:
+                return cur.sql(query, params=params).to_arrow_table()
+            except duckdb.PermissionException as err:
+                raise ReadOnlyQueryError(
+                    f"{err}. trajlake sql reads only the lake's tables "
+                    f"({', '.join(t for t in self.tables)}); files and URLs outside the lake are refused"
+                ) from None
+        finally:
+            cur.close()
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def check_read_only(query: str) -> None:
+    """Refuse anything but SELECT/WITH/EXPLAIN statements, naming the offending statement type."""
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.ParserException as err:
+        raise ReadOnlyQueryError(f"could not parse the query: {err}") from None
+    if not statements:
+        raise ReadOnlyQueryError("the query is empty; pass a SELECT statement")
+    if len(statements) > 1:
+        raise ReadOnlyQueryError(f"pass one statement at a time (got {len(statements)})")
+    kind = statements[0].type
+    if kind not in ALLOWED_STATEMENTS:
+        raise ReadOnlyQueryError(
+            f"trajlake sql is read-only: {kind.name} statements are refused; "
+            "use SELECT (or WITH … SELECT / EXPLAIN) over the lake's tables"
+        )

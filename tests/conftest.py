@@ -1,0 +1,54 @@
+"""Shared fixtures: a fresh lake and an in-process bus per test; server fixtures live in tests/fixtures/."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.store.lake import Lake
+
+pytest_plugins = [
+    name
+    for name in ("tests.fixtures.postgres", "tests.fixtures.kafka", "tests.fixtures.s3")
+    if (Path(__file__).parent / "fixtures" / (name.rsplit(".", 1)[1] + ".py")).exists()
+]
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Iterator[Lake]:
+    """An empty lake in a temporary directory."""
+    lake = Lake(tmp_path / "lake")
+    yield lake
+    lake.close()
+
+
+@pytest.fixture
+def bus() -> InProcessBus:
+    """The embedded in-process bus."""
+    return InProcessBus()
+
+
+@pytest.fixture
+def drain(lake: Lake, bus: InProcessBus):
+    """Call to move everything published on `bus` into `lake` (one sink run until idle)."""
+
+    def _drain(**config: object) -> DeltaSink:
+        sink = DeltaSink(lake, bus, SinkConfig(**config))  # type: ignore[arg-type]
+        sink.run(until_idle_s=0.0)
+        return sink
+
+    return _drain
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests talk to loopback servers only; a proxy in the environment must not intercept them."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

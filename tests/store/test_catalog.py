@@ -1,0 +1,111 @@
+"""The SQL catalog on SQLite and on a real PostgreSQL: migrations, runs, versions, leases."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from sqlalchemy import inspect, text
+
+from trajlake.store.catalog import Catalog, default_url
+
+
+@pytest.fixture(
+    params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)],
+    ids=["sqlite", "postgresql"],
+)
+def catalog_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return default_url(tmp_path / "lake")
+    return request.getfixturevalue("pg_catalog_url")
+
+
+@pytest.fixture
+def catalog(catalog_url):
+    cat = Catalog(catalog_url)
+    yield cat
+    cat.close()
+
+
+def test_opening_migrates_to_head_and_reopening_is_a_no_op(catalog_url):
+    first = Catalog(catalog_url)
+    first.register_run("r1", {"lr": 0.1})
+    first.close()
+    second = Catalog(catalog_url)
+    tables = set(inspect(second.engine).get_table_names())
+    assert {"runs", "policy_versions", "sampler_leases", "alembic_version"} <= tables
+    with second.engine.connect() as conn:
+        assert conn.execute(text("select version_num from alembic_version")).scalar_one() == "0001"
+    assert second.get_run("r1")["config"] == {"lr": 0.1}
+    second.close()
+
+
+def test_runs_and_policy_versions(catalog):
+    catalog.register_run("r1", {"seed": 3})
+    catalog.set_run_status("r1", "finished")
+    assert catalog.get_run("r1")["status"] == "finished"
+    assert catalog.get_run("nope") is None
+    assert catalog.latest_policy_version("r1") is None
+    catalog.record_policy_version("r1", 1, step=10, checkpoint="/c/1.pt")
+    catalog.record_policy_version("r1", 2, step=20, checkpoint="/c/2.pt")
+    assert catalog.latest_policy_version("r1") == {"version": 2, "step": 20, "checkpoint": "/c/2.pt"}
+
+
+def test_a_claimed_trajectory_is_not_claimed_again(catalog):
+    assert sorted(catalog.claim("r", ["a", "b", "c"], "rank0")) == ["a", "b", "c"]
+    assert sorted(catalog.claim("r", ["b", "c", "d"], "rank1")) == ["d"]
+    assert catalog.claim("other-run", ["a"], "rank1") == ["a"]  # leases are per run
+    assert catalog.unavailable_ids("r") == {"a", "b", "c", "d"}
+    assert catalog.lease_counts("r") == {"consumed": 0, "live": 4, "expired": 0}
+
+
+def test_an_expired_lease_comes_back_but_a_consumed_one_never_does(catalog):
+    catalog.claim("r", ["a", "b"], "dead-rank", ttl_s=-1)  # already expired: the rank died
+    assert catalog.mark_consumed("r", ["b"], "dead-rank", step=1) == ["b"]
+    assert catalog.unavailable_ids("r") == {"b"}
+    assert catalog.claim("r", ["a", "b"], "rank1") == ["a"]
+    assert catalog.mark_consumed("r", ["a"], "dead-rank") == []  # it lost the lease
+    assert catalog.mark_consumed("r", ["a"], "rank1", step=2) == ["a"]
+    assert sorted(catalog.consumed_ids("r")) == ["a", "b"]
+
+
+def test_release_and_renew(catalog):
+    catalog.claim("r", ["a", "b"], "rank0", ttl_s=-1)
+    assert catalog.renew("r", "rank0", ttl_s=60) == 2
+    assert catalog.claim("r", ["a"], "rank1") == []  # renewed: live again
+    assert catalog.release("r", ["a"], "rank0") == 1
+    assert catalog.claim("r", ["a"], "rank1") == ["a"]
+
+
+RACE = textwrap.dedent(
+    """
+    import json, random, sys
+    from trajlake.store.catalog import Catalog
+    url, owner = sys.argv[1], sys.argv[2]
+    ids = [f"t{i:04d}" for i in range(300)]
+    random.Random(owner).shuffle(ids)
+    cat = Catalog(url)
+    won = []
+    for i in range(0, len(ids), 7):
+        won += cat.claim("race", ids[i:i + 7], owner)
+    print(json.dumps(won))
+    """
+)
+
+
+def test_processes_racing_for_the_same_ids_never_share_one(catalog_url):
+    Catalog(catalog_url).close()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", RACE, catalog_url, f"rank{r}"], stdout=subprocess.PIPE, text=True)
+        for r in range(4)
+    ]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0
+        results.append(json.loads(out))
+    claimed = [tid for won in results for tid in won]
+    assert len(claimed) == len(set(claimed)) == 300
