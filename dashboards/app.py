@@ -11,9 +11,16 @@ from __future__ import annotations
 import os
 
 import streamlit as st
-
 from trajlake.dashboards import metrics
-from trajlake.dashboards.views import async_health, behaviour, browser, entropy, failures, overview, sql_console
+from trajlake.dashboards.views import (
+    async_health,
+    behaviour,
+    browser,
+    entropy,
+    failures,
+    overview,
+    sql_console,
+)
 from trajlake.dashboards.views.common import PageContext, open_lake
 
 PAGES = {
@@ -76,8 +83,10 @@ def main() -> None:
         return
     run_id = choose_run(lake)
     if run_id is None:
-        st.info(f"The lake at `{root}` holds no trajectories yet. Run `trajlake loadgen --lake {root} "
-                "--trajectories 200` or `trajlake demo` to fill it.")
+        st.info(
+            f"The lake at `{root}` holds no trajectories yet. Run `trajlake loadgen --lake {root} "
+            "--trajectories 200` or `trajlake demo` to fill it."
+        )
         return
     versions = choose_versions(lake, run_id)
     threshold = st.sidebar.number_input(

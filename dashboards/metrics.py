@@ -14,80 +14,57 @@ Conventions shared by every figure:
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+from trajlake.dashboards.browse import (
+    find_trajectories,
+    trajectory_summary,
+    trajectory_tool_calls,
+    trajectory_turns,
+)
 from trajlake.dashboards.passk import MAX_K, mean_pass_at_k, pass_at_k
+from trajlake.dashboards.query import (
+    EVENTS,
+    TIME_BUCKETS,
+    TOOL_CALLS,
+    TRAJECTORIES,
+    TURNS,
+    VersionRange,
+    bucket_width,
+    literal,
+    query,
+    rows,
+    scored,
+    time_buckets,
+    version_join,
+    versions_clause,
+)
 
-__all__ = ["MAX_K", "MISMATCH_THRESHOLD", "pass_at_k"]
+__all__ = [
+    "MAX_K",
+    "MISMATCH_THRESHOLD",
+    "find_trajectories",
+    "pass_at_k",
+    "query",
+    "rows",
+    "trajectory_summary",
+    "trajectory_tool_calls",
+    "trajectory_turns",
+]
 
 MISMATCH_THRESHOLD = 0.03
 """Healthy train/inference logprob mismatch: mean absolute difference below this."""
 
 DEFAULT_SUCCESS_THRESHOLD = 1.0
-TIME_BUCKETS = 40
-"""About how many buckets the over-time charts split a run's time span into."""
-
-VersionRange = tuple[int, int] | None
-
-# The stored scalar columns of the projections. The public `trajectories` and `turns` views
-# join the token payloads from `events`, and DuckDB keeps that join (a scan and group-by of
-# `events`) even when no token column is selected; the figures never need the tokens.
-TRAJECTORIES = "_t_trajectories"
-TURNS = "_t_turns"
-TOOL_CALLS = "_t_tool_calls"
-EVENTS = "_t_events"
-
-
-# -- query helpers ----------------------------------------------------------------------------
-def _literal(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, int | float):
-        return repr(value)
-    return "'" + str(value).replace("'", "''") + "'"
-
-
-def query(lake: Any, sql: str, **params: Any) -> pa.Table:
-    """Run read-only SQL on the lake with `:name` placeholders bound to quoted literals."""
-
-    def bind(match: re.Match) -> str:
-        name = match.group(1)
-        if name not in params:
-            raise KeyError(f"query parameter :{name} is not bound; pass {name}=...")
-        return _literal(params[name])
-
-    return lake.sql(re.sub(r"(?<![:\w]):([a-z_]+)\b", bind, sql))
-
-
-def _versions_clause(versions: VersionRange, column: str = "policy_version_min") -> str:
-    if versions is None:
-        return "TRUE"
-    low, high = (int(v) for v in versions)
-    return f"{column} BETWEEN {low} AND {high}"
-
-
-def _scored(versions: VersionRange = None) -> str:
-    """The WHERE clause of scored trajectories of run `:run` (see the module docstring)."""
-    return (
-        "run_id = :run AND finished AND reward IS NOT NULL "
-        f"AND coalesce(failure_origin, '') <> 'system' AND {_versions_clause(versions)}"
-    )
-
-
-def rows(table: pa.Table) -> list[dict[str, Any]]:
-    """A table as a list of row dicts (what `--format json` prints)."""
-    return table.to_pylist()
 
 
 # -- selectors --------------------------------------------------------------------------------
 def runs(lake: Any) -> list[str]:
     """Run ids in the lake, most recently started first."""
-    table = query(lake, f"SELECT run_id FROM {TRAJECTORIES} GROUP BY run_id ORDER BY max(started_at) DESC NULLS LAST")
+    table = query(
+        lake, f"SELECT run_id FROM {TRAJECTORIES} GROUP BY run_id ORDER BY max(started_at) DESC NULLS LAST"
+    )
     return table.column("run_id").to_pylist()
 
 
@@ -103,14 +80,17 @@ def policy_versions(lake: Any, run_id: str) -> list[int]:
 
 # -- run overview -----------------------------------------------------------------------------
 def task_outcomes(
-    lake: Any, run_id: str, versions: VersionRange = None, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
+    lake: Any,
+    run_id: str,
+    versions: VersionRange = None,
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> pa.Table:
     """Per task (and policy version): n scored samples, c passing ones, and their mean reward."""
     return query(
         lake,
         f"""SELECT policy_version_min AS policy_version, task_id, count(*) AS n,
                    count(*) FILTER (WHERE reward >= :threshold) AS c, avg(reward) AS reward_mean
-            FROM {TRAJECTORIES} WHERE {_scored(versions)}
+            FROM {TRAJECTORIES} WHERE {scored(versions)}
             GROUP BY ALL ORDER BY policy_version, task_id""",
         run=run_id,
         threshold=float(success_threshold),
@@ -128,7 +108,7 @@ def pass_at_k_curve(
     outcomes = query(
         lake,
         f"""SELECT task_id, count(*) AS n, count(*) FILTER (WHERE reward >= :threshold) AS c
-            FROM {TRAJECTORIES} WHERE {_scored(versions)} GROUP BY task_id""",
+            FROM {TRAJECTORIES} WHERE {scored(versions)} GROUP BY task_id""",
         run=run_id,
         threshold=float(success_threshold),
     )
@@ -140,7 +120,10 @@ def pass_at_k_curve(
 
 
 def overview_by_version(
-    lake: Any, run_id: str, versions: VersionRange = None, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
+    lake: Any,
+    run_id: str,
+    versions: VersionRange = None,
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> pa.Table:
     """Per policy version: trajectories, scored ones, mean reward, pass@1 and failure counts."""
     counts = query(
@@ -152,7 +135,7 @@ def overview_by_version(
                    count(*) FILTER (WHERE failure_origin = 'system') AS n_system_failures,
                    count(*) FILTER (WHERE failure_origin = 'model') AS n_model_failures
             FROM {TRAJECTORIES}
-            WHERE run_id = :run AND policy_version_min IS NOT NULL AND {_versions_clause(versions)}
+            WHERE run_id = :run AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
             GROUP BY ALL ORDER BY policy_version""",
         run=run_id,
     )
@@ -174,7 +157,7 @@ def rollout_entropy(lake: Any, run_id: str, versions: VersionRange = None) -> pa
         lake,
         f"""SELECT policy_version, -sum(sum_logprob) / nullif(sum(n_output_tokens), 0) AS entropy,
                    sum(n_output_tokens)::BIGINT AS n_tokens, count(*) AS n_turns
-            FROM {TURNS} WHERE run_id = :run AND {_versions_clause(versions, "policy_version")}
+            FROM {TURNS} WHERE run_id = :run AND {versions_clause(versions, "policy_version")}
             GROUP BY policy_version ORDER BY policy_version""",
         run=run_id,
     )
@@ -205,7 +188,7 @@ def behaviour_by_version(lake: Any, run_id: str, versions: VersionRange = None) 
                    avg(n_nudges) AS nudges_per_trajectory,
                    avg(CASE WHEN tito_drift THEN 1.0 ELSE 0.0 END) AS tito_drift_rate
             FROM {TRAJECTORIES}
-            WHERE run_id = :run AND finished AND policy_version_min IS NOT NULL AND {_versions_clause(versions)}
+            WHERE run_id = :run AND finished AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
             GROUP BY ALL ORDER BY policy_version""",
         run=run_id,
     )
@@ -216,7 +199,7 @@ def turns_histogram(lake: Any, run_id: str, versions: VersionRange = None) -> pa
     return query(
         lake,
         f"""SELECT n_turns, count(*) AS n_trajectories FROM {TRAJECTORIES}
-            WHERE run_id = :run AND finished AND {_versions_clause(versions)} GROUP BY n_turns ORDER BY n_turns""",
+            WHERE run_id = :run AND finished AND {versions_clause(versions)} GROUP BY n_turns ORDER BY n_turns""",
         run=run_id,
     )
 
@@ -229,41 +212,20 @@ def tool_stats(lake: Any, run_id: str, versions: VersionRange = None) -> pa.Tabl
                    count(*) FILTER (WHERE c.timed_out) AS n_timeouts, count(*) FILTER (WHERE c.truncated) AS n_truncated,
                    sum(c.retries)::BIGINT AS n_retries, avg(c.latency_s) AS latency_s_mean,
                    bool_or(c.is_code_execution) AS is_code_execution
-            FROM {TOOL_CALLS} c {_version_join(versions, "c")}
+            FROM {TOOL_CALLS} c {version_join(versions, "c")}
             WHERE c.run_id = :run AND c.has_result GROUP BY c.tool_name ORDER BY n_calls DESC, c.tool_name""",
         run=run_id,
     )
 
 
-def _version_join(versions: VersionRange, alias: str) -> str:
-    if versions is None:
-        return ""
-    return (
-        f"JOIN (SELECT trajectory_id FROM {TRAJECTORIES} WHERE {_versions_clause(versions)}) v "
-        f"ON v.trajectory_id = {alias}.trajectory_id"
-    )
-
-
 # -- failures ---------------------------------------------------------------------------------
-def _time_buckets(column: str) -> str:
-    """A SELECT expression putting `column` into about TIME_BUCKETS equal buckets of whole seconds."""
-    return f"to_timestamp(floor(epoch({column}) / w.width) * w.width) AS bucket_start"
-
-
-def _bucket_width(table: str, column: str, where: str) -> str:
-    return (
-        f"(SELECT greatest(1, ceil((epoch(max({column})) - epoch(min({column})) + 1) / {TIME_BUCKETS})) AS width "
-        f"FROM {table} WHERE {where}) w"
-    )
-
-
 def failures_over_time(lake: Any, run_id: str, versions: VersionRange = None) -> pa.Table:
     """Finished trajectories per time bucket and outcome: `system`, `model` failure, or `ok`."""
-    where = f"run_id = :run AND finished AND finished_at IS NOT NULL AND {_versions_clause(versions)}"
+    where = f"run_id = :run AND finished AND finished_at IS NOT NULL AND {versions_clause(versions)}"
     return query(
         lake,
-        f"""SELECT {_time_buckets("finished_at")}, coalesce(failure_origin, 'ok') AS origin, count(*) AS n_trajectories
-            FROM {TRAJECTORIES}, {_bucket_width(TRAJECTORIES, "finished_at", where)}
+        f"""SELECT {time_buckets("finished_at")}, coalesce(failure_origin, 'ok') AS origin, count(*) AS n_trajectories
+            FROM {TRAJECTORIES}, {bucket_width(TRAJECTORIES, "finished_at", where)}
             WHERE {where} GROUP BY ALL ORDER BY bucket_start, origin""",
         run=run_id,
     )
@@ -273,11 +235,13 @@ def failures_by(lake: Any, run_id: str, dimension: str, versions: VersionRange =
     """Failed trajectories by `label` or `environment` and origin, with the share of all finished ones."""
     column = {"label": "failure_label", "environment": "environment"}.get(dimension)
     if column is None:
-        raise ValueError(f"dimension must be 'label' or 'environment' (got {dimension!r}); use tool_failures for tools")
+        raise ValueError(
+            f"dimension must be 'label' or 'environment' (got {dimension!r}); use tool_failures for tools"
+        )
     return query(
         lake,
         f"""WITH f AS (SELECT coalesce({column}, '(none)') AS {dimension}, failure_origin
-                       FROM {TRAJECTORIES} WHERE run_id = :run AND finished AND {_versions_clause(versions)})
+                       FROM {TRAJECTORIES} WHERE run_id = :run AND finished AND {versions_clause(versions)})
             SELECT {dimension}, failure_origin AS origin, count(*) AS n_trajectories,
                    count(*) / (SELECT count(*) FROM f) AS share
             FROM f WHERE failure_origin IS NOT NULL GROUP BY ALL ORDER BY n_trajectories DESC, {dimension}, origin""",
@@ -291,7 +255,7 @@ def tool_failures(lake: Any, run_id: str, versions: VersionRange = None) -> pa.T
         lake,
         f"""SELECT c.tool_name, coalesce(c.error_type, CASE WHEN c.timed_out THEN 'timeout' ELSE 'unknown' END)
                    AS error_type, count(*) AS n_calls
-            FROM {TOOL_CALLS} c {_version_join(versions, "c")}
+            FROM {TOOL_CALLS} c {version_join(versions, "c")}
             WHERE c.run_id = :run AND c.has_result AND NOT c.ok GROUP BY ALL ORDER BY n_calls DESC, c.tool_name""",
         run=run_id,
     )
@@ -351,9 +315,11 @@ def buffer_composition(
     """
     category = {"difficulty": DIFFICULTY_SQL, "length": LENGTH_SQL}.get(by)
     if category is None or source not in ("arrivals", "consumption"):
-        raise ValueError(f"by must be 'difficulty' or 'length' and source 'arrivals' or 'consumption' (got {by!r}, {source!r})")
+        raise ValueError(
+            f"by must be 'difficulty' or 'length' and source 'arrivals' or 'consumption' (got {by!r}, {source!r})"
+        )
     difficulty = f"""(SELECT task_id, avg(CASE WHEN reward >= :threshold THEN 1.0 ELSE 0.0 END) AS pass_rate
-                      FROM {TRAJECTORIES} WHERE {_scored()} GROUP BY task_id) d"""
+                      FROM {TRAJECTORIES} WHERE {scored()} GROUP BY task_id) d"""
     if source == "consumption":
         return query(
             lake,
@@ -367,9 +333,9 @@ def buffer_composition(
     where = "run_id = :run AND finished AND finished_at IS NOT NULL"
     return query(
         lake,
-        f"""SELECT {_time_buckets("t.finished_at")}, {category} AS category, count(*) AS n_trajectories
+        f"""SELECT {time_buckets("t.finished_at")}, {category} AS category, count(*) AS n_trajectories
             FROM {TRAJECTORIES} t LEFT JOIN {difficulty} ON d.task_id = t.task_id,
-                 {_bucket_width(TRAJECTORIES, "finished_at", where)}
+                 {bucket_width(TRAJECTORIES, "finished_at", where)}
             WHERE t.run_id = :run AND t.finished AND t.finished_at IS NOT NULL
             GROUP BY ALL ORDER BY bucket_start, category""",
         run=run_id,
@@ -390,7 +356,8 @@ def logprob_mismatch(lake: Any, run_id: str) -> pa.Table:
 def ingest_lag(lake: Any, run_id: str) -> pa.Table:
     """Ingest lag per time bucket: when the sink wrote an event's file minus the event's `event_time`.
 
-    The write time is the Delta `add` action's modification time of the event's Parquet file;
+    The write time is the Delta `add` action's modification time of the event's Parquet file
+    (after `trajlake compact` rewrites files, it is the compaction time for the rows it moved);
     only `run_id` and `event_time` are read. Returns `bucket_start, n_events, lag_p50_s, lag_p95_s, lag_max_s`.
     """
     written = _file_write_times(lake, "events")
@@ -406,10 +373,11 @@ def ingest_lag(lake: Any, run_id: str) -> pa.Table:
     try:
         con.execute("SET threads TO 2")
         con.register("written", pa.table({"file": list(written), "written_ms": list(written.values())}))
-        files = "[" + ", ".join(_literal(f) for f in written) + "]"
-        where = f"e.run_id = {_literal(run_id)}"
-        return con.execute(
-            f"""WITH lag AS (
+        files = "[" + ", ".join(literal(f) for f in written) + "]"
+        where = f"e.run_id = {literal(run_id)}"
+        return (
+            con.sql(
+                f"""WITH lag AS (
                     SELECT e.event_time, (w.written_ms / 1000.0) - epoch(e.event_time) AS lag_s
                     FROM read_parquet({files}, filename = true) e JOIN written w ON w.file = e.filename
                     WHERE {where})
@@ -419,7 +387,10 @@ def ingest_lag(lake: Any, run_id: str) -> pa.Table:
                 FROM lag, (SELECT greatest(1, ceil((epoch(max(event_time)) - epoch(min(event_time)) + 1)
                                                    / {TIME_BUCKETS})) AS width FROM lag) w
                 GROUP BY ALL ORDER BY bucket_start"""
-        ).to_arrow_table().cast(schema)
+            )
+            .to_arrow_table()
+            .cast(schema)
+        )
     finally:
         con.close()
 
@@ -444,89 +415,14 @@ def freshness_s(lake: Any, run_id: str) -> float | None:
     return table.column("s")[0].as_py()
 
 
-# -- trajectory browser -----------------------------------------------------------------------
-BROWSER_COLUMNS = (
-    "trajectory_id, task_id, sample_index, environment, policy_version_min, policy_version_max, reward, "
-    "status, failure_origin, failure_label, n_turns, n_tool_calls, n_tool_errors, assistant_tokens, "
-    "tito_drift, started_at, finished_at"
-)
-
-
-def find_trajectories(
-    lake: Any,
-    run_id: str,
-    versions: VersionRange = None,
-    status: Sequence[str] = (),
-    failure_origin: Sequence[str] = (),
-    task_contains: str = "",
-    reward_range: tuple[float, float] | None = None,
-    limit: int = 200,
-) -> pa.Table:
-    """Trajectories of a run matching the filters, newest first (scalar columns only)."""
-    clauses = ["run_id = :run", _versions_clause(versions)]
-    if status:
-        clauses.append("status IN (" + ", ".join(_literal(s) for s in status) + ")")
-    if failure_origin:
-        origins = [o for o in failure_origin if o != "none"]
-        parts = (["failure_origin IN (" + ", ".join(_literal(o) for o in origins) + ")"] if origins else []) + (
-            ["failure_origin IS NULL"] if "none" in failure_origin else []
-        )
-        clauses.append("(" + " OR ".join(parts) + ")")
-    if task_contains:
-        clauses.append("contains(task_id, :task)")
-    if reward_range is not None:
-        clauses.append(f"reward BETWEEN {float(reward_range[0])} AND {float(reward_range[1])}")
-    return query(
-        lake,
-        f"""SELECT {BROWSER_COLUMNS} FROM {TRAJECTORIES} WHERE {" AND ".join(clauses)}
-            ORDER BY started_at DESC NULLS LAST, trajectory_id LIMIT {int(limit)}""",
-        run=run_id,
-        task=task_contains,
-    )
-
-
-def trajectory_summary(lake: Any, run_id: str, trajectory_id: str) -> dict[str, Any] | None:
-    """Every scalar column of one trajectory, or None if it is not in the lake."""
-    table = query(
-        lake,
-        f"SELECT * FROM {TRAJECTORIES} WHERE run_id = :run AND trajectory_id = :traj",
-        run=run_id,
-        traj=trajectory_id,
-    )
-    return table.to_pylist()[0] if table.num_rows else None
-
-
-def trajectory_turns(lake: Any, run_id: str, trajectory_id: str) -> pa.Table:
-    """The turns of one trajectory in order, with their token ids, logprobs and loss masks."""
-    return query(
-        lake,
-        f"""SELECT t.turn_index, t.policy_version, t.n_input_tokens, t.n_output_tokens, t.finish_reason,
-                   t.context_used_fraction, t.nudged, t.tito_drift, t.latency_s, t.sum_logprob,
-                   e.input_token_ids, e.output_token_ids, e.output_logprobs, e.loss_mask
-            FROM {TURNS} t JOIN {EVENTS} e ON e.event_id = t.event_id
-                 AND e.trajectory_id = :traj AND e.event_type = 'turn'
-            WHERE t.run_id = :run AND t.trajectory_id = :traj ORDER BY t.seq""",
-        run=run_id,
-        traj=trajectory_id,
-    )
-
-
-def trajectory_tool_calls(lake: Any, run_id: str, trajectory_id: str) -> pa.Table:
-    """The tool calls of one trajectory in order, with their outcome."""
-    return query(
-        lake,
-        f"""SELECT call_seq, tool_name, arguments, is_code_execution, ok, error_type, timed_out, truncated,
-                   retries, output_tokens, latency_s
-            FROM {TOOL_CALLS} WHERE run_id = :run AND trajectory_id = :traj ORDER BY call_seq""",
-        run=run_id,
-        traj=trajectory_id,
-    )
-
-
 # -- the report of `trajlake metrics` ---------------------------------------------------------
-def metrics_report(lake: Any, run_id: str, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD) -> dict[str, Any]:
+def metrics_report(
+    lake: Any, run_id: str, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
+) -> dict[str, Any]:
     """The dashboard's headline figures per policy version, as one JSON-ready dict."""
-    overview = {r["policy_version"]: r for r in rows(overview_by_version(lake, run_id, None, success_threshold))}
+    overview = {
+        r["policy_version"]: r for r in rows(overview_by_version(lake, run_id, None, success_threshold))
+    }
     behaviour = {r["policy_version"]: r for r in rows(behaviour_by_version(lake, run_id))}
     entropy = {r["policy_version"]: r["entropy"] for r in rows(rollout_entropy(lake, run_id))}
     versions = []
@@ -541,7 +437,9 @@ def metrics_report(lake: Any, run_id: str, success_threshold: float = DEFAULT_SU
         "run_id": run_id,
         "success_threshold": success_threshold,
         "versions": versions,
-        "pass_at_k": {r["k"]: r["pass_at_k"] for r in rows(pass_at_k_curve(lake, run_id, None, success_threshold))},
+        "pass_at_k": {
+            r["k"]: r["pass_at_k"] for r in rows(pass_at_k_curve(lake, run_id, None, success_threshold))
+        },
         "trainer_entropy": rows(trainer_entropy(lake, run_id)),
         "logprob_mismatch": rows(logprob_mismatch(lake, run_id)),
         "staleness": rows(staleness_distribution(lake, run_id)),

@@ -25,7 +25,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(Fraction(total - comb(n - c, k), total))
 
 
-def mean_pass_at_k(tasks: Iterable[tuple[int, int]], ks: Sequence[int] = tuple(range(1, MAX_K + 1))) -> list[dict]:
+def mean_pass_at_k(
+    tasks: Iterable[tuple[int, int]], ks: Sequence[int] = tuple(range(1, MAX_K + 1))
+) -> list[dict]:
     """pass@k averaged over tasks, per k, from (n samples, c successes) per task.
 
     A task contributes to k only when it has at least k samples; a k no task reaches is left out.

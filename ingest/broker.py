@@ -98,7 +98,14 @@ def ensure_jars(version: str = KAFKA_VERSION) -> Path:
                 "or point TRAJLAKE_KAFKA_BOOTSTRAP at an existing Kafka cluster"
             )
         (home / "pom.xml").write_text(_POM.format(kafka=version, log4j=LOG4J_VERSION))
-        cmd = [mvn, "-q", "-B", "dependency:copy-dependencies", "-DoutputDirectory=libs", "-DincludeScope=runtime"]
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "dependency:copy-dependencies",
+            "-DoutputDirectory=libs",
+            "-DincludeScope=runtime",
+        ]
         log.info("fetching Apache Kafka %s from Maven Central into %s", version, home)
         proc = subprocess.run(cmd, cwd=home, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not any(libs.glob("kafka_2.13-*.jar")):
@@ -148,7 +155,9 @@ def _server_properties(config: BrokerConfig, controller_port: int) -> str:
 def _java(libs: Path, main: str, args: list[str], config: BrokerConfig) -> list[str]:
     java = shutil.which("java")
     if java is None:
-        raise BrokerError("Java (17+) is not on PATH; install a JRE (apt-get install openjdk-17-jre-headless)")
+        raise BrokerError(
+            "Java (17+) is not on PATH; install a JRE (apt-get install openjdk-17-jre-headless)"
+        )
     data = config.data_dir.resolve()
     return [
         java,
@@ -199,10 +208,17 @@ def start_broker(config: BrokerConfig) -> str:
     )
     if not (data / "kraft-logs" / "meta.properties").exists():
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        fmt = _java(libs, "kafka.tools.StorageTool", ["format", "--standalone", "-t", cluster_id, "-c", str(props)], config)
+        fmt = _java(
+            libs,
+            "kafka.tools.StorageTool",
+            ["format", "--standalone", "-t", cluster_id, "-c", str(props)],
+            config,
+        )
         proc = subprocess.run(fmt, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise BrokerError(f"formatting KRaft storage in {data} failed: {(proc.stdout + proc.stderr)[-2000:]}")
+            raise BrokerError(
+                f"formatting KRaft storage in {data} failed: {(proc.stdout + proc.stderr)[-2000:]}"
+            )
     out = open(data / "broker.out", "ab")  # noqa: SIM115 - handed to the detached child
     proc = subprocess.Popen(
         _java(libs, "kafka.Kafka", [str(props)], config),

@@ -222,7 +222,9 @@ class ChunkAssembler:
         headers = dict(ordered[0].headers)
         raw = b"".join(m.value for m in ordered)
         if pending.failed is not None:
-            return Released(Message(ordered[0].key, raw, headers, last.position, last.timestamp_ms), pending.failed)
+            return Released(
+                Message(ordered[0].key, raw, headers, last.position, last.timestamp_ms), pending.failed
+            )
         headers = {k: v for k, v in headers.items() if k not in CHUNK_HEADERS}
         merged = Message(ordered[0].key, raw, headers, last.position, last.timestamp_ms)
         encoding = ordered[0].headers.get(CHUNK_ENCODING, "identity")

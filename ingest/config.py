@@ -23,9 +23,14 @@ class KafkaConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    bootstrap: str = Field("127.0.0.1:9092", min_length=1, description="HOST:PORT[,HOST:PORT…] of the cluster")
+    bootstrap: str = Field(
+        "127.0.0.1:9092", min_length=1, description="HOST:PORT[,HOST:PORT…] of the cluster"
+    )
     topic: str = Field(DEFAULT_TOPIC, min_length=1, description="topic that carries events")
     group_id: str = Field(DEFAULT_GROUP, min_length=1, description="consumer group of the sink processes")
+    group_instance_id: str | None = Field(
+        None, description="static group membership: a restarted sink with the same id gets its partitions back at once"
+    )
     client_id: str = Field("trajlake", description="client id shown in broker logs")
     partitions: int = Field(4, ge=1, le=10_000, description="partitions when this client creates the topic")
     wire_format: Literal["arrow", "json"] = Field("arrow", description="value encoding of published events")
@@ -38,23 +43,29 @@ class KafkaConfig(BaseModel):
     linger_ms: int = Field(5, ge=0, description="producer batching delay")
     batch_bytes: int = Field(512 * 1024, ge=1024, description="producer batch size per partition")
     buffer_memory_bytes: int = Field(
-        32 * 1024 * 1024, ge=1024 * 1024, description="bounded producer memory before spooling to disk"
+        32 * 1024 * 1024, ge=1024 * 1024, description="bytes sent but not yet acknowledged (bounded memory) before spooling to disk"
     )
     delivery_timeout_s: float = Field(
         120.0, gt=0, description="how long the producer retries a batch (idempotently) before spooling it"
     )
-    max_block_s: float = Field(2.0, ge=0, description="how long send() may block on a full buffer or missing metadata")
-    spool_dir: Path = Field(default_factory=default_spool_dir, description="disk spool for undeliverable messages")
+    max_block_s: float = Field(
+        2.0, ge=0, description="how long send() may block on a full buffer or missing metadata"
+    )
+    spool_dir: Path = Field(
+        default_factory=default_spool_dir, description="disk spool for undeliverable messages"
+    )
     spool_max_bytes: int = Field(1 << 30, ge=1 << 20, description="disk spool limit; beyond it send() raises")
     retry_interval_s: float = Field(1.0, gt=0, description="how often to retry delivering spooled messages")
     max_poll_records: int = Field(2000, ge=1, description="consumer: records per poll")
-    fetch_max_bytes: int = Field(16 * 1024 * 1024, ge=1 << 20, description="consumer: bytes per partition fetch")
+    fetch_max_bytes: int = Field(
+        16 * 1024 * 1024, ge=1 << 20, description="consumer: bytes per partition fetch"
+    )
     session_timeout_s: float = Field(10.0, ge=1, description="consumer: group session timeout")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="how to talk to the brokers"
     )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"] | None = Field(
-        None, description="SASL mechanism for SASL_* protocols"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"] | None = (
+        Field(None, description="SASL mechanism for SASL_* protocols")
     )
     sasl_username: str | None = Field(None, description="SASL user")
     sasl_password: SecretStr | None = Field(None, description="SASL password (never printed)")
@@ -69,16 +80,22 @@ class KafkaConfig(BaseModel):
         problems = []
         sasl = self.security_protocol.startswith("SASL")
         if sasl and self.sasl_mechanism is None:
-            problems.append(f"security_protocol={self.security_protocol} needs sasl_mechanism (TRAJLAKE_KAFKA_SASL_MECHANISM)")
-        if sasl and self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and (
-            not self.sasl_username or self.sasl_password is None
+            problems.append(
+                f"security_protocol={self.security_protocol} needs sasl_mechanism (TRAJLAKE_KAFKA_SASL_MECHANISM)"
+            )
+        if (
+            sasl
+            and self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+            and (not self.sasl_username or self.sasl_password is None)
         ):
             problems.append(
                 f"sasl_mechanism={self.sasl_mechanism} needs sasl_username and sasl_password "
                 "(TRAJLAKE_KAFKA_SASL_USERNAME / TRAJLAKE_KAFKA_SASL_PASSWORD)"
             )
         if not sasl and self.sasl_mechanism is not None:
-            problems.append(f"sasl_mechanism is set but security_protocol={self.security_protocol}; use SASL_SSL")
+            problems.append(
+                f"sasl_mechanism is set but security_protocol={self.security_protocol}; use SASL_SSL"
+            )
         for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():

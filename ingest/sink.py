@@ -25,10 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trajlake.ingest import codec
 from trajlake.ingest.bus.base import Bus, Message, SourcePosition
+from trajlake.ingest.chunking import ChunkAssembler
 from trajlake.schemas.events import EVENTS_SCHEMA, TRAJECTORY_EVENT_TYPES
 from trajlake.schemas.tables import DEAD_LETTERS_SCHEMA
 from trajlake.schemas.validation import validate
 from trajlake.store import projections
+from trajlake.store.errors import TxnFenced
 from trajlake.store.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,9 @@ class SinkConfig(BaseModel):
     exactly_once: bool = Field(True, description="Store offsets in the Delta log and resume from them.")
     update_projections: bool = Field(True, description="Advance projections after every events commit.")
     seq_cache_trajectories: int = Field(200_000, ge=0, description="Trajectories whose seqs are kept to detect duplicates.")
+    chunk_max_gap: int = Field(
+        5000, ge=1, description="Messages a partition may carry past an incomplete chunk set before it is dead-lettered."
+    )
 
 
 @dataclass
@@ -87,7 +92,13 @@ class DeltaSink:
         self._seqs: OrderedDict[str, set[int]] = OrderedDict()
         self._dead_positions: dict[str, int] = {}
         self._resumed: set[tuple[str, int]] = set()
+        self._committed: dict[str, int | None] = {}  # app id -> offset in the Delta log we build on
+        self._assembler = ChunkAssembler(self.config.chunk_max_gap)
         self._lock = threading.Lock()
+        if hasattr(bus, "on_assigned"):  # a consumer group (Kafka): partitions move between sinks
+            bus.on_assigned = self._on_assigned
+            bus.on_revoked = self._on_revoked
+            bus.on_lost = self._on_lost
         if self.config.exactly_once:
             self.resume()
         if self.config.update_projections:
@@ -102,9 +113,28 @@ class DeltaSink:
             dead = self.lake.txn_version("dead_letters", app_id)
             if dead is not None:
                 self._dead_positions[app_id] = dead
-            if stored is not None:
-                self.bus.seek(partition, stored + 1)
+            self._committed[app_id] = stored
+            # no stored offset: start at the beginning, never at an offset Kafka remembers
+            self.bus.seek(partition, stored + 1 if stored is not None else 0)
+            self._assembler.reset(partition)
             self._resumed.add((self.bus.topic, partition))
+
+    def _on_assigned(self, partitions: list[int]) -> None:
+        """A rebalance gave this sink `partitions`: continue each from the Delta log."""
+        if self.config.exactly_once:
+            self.resume(partitions)
+
+    def _on_revoked(self, partitions: list[int]) -> None:
+        """A rebalance takes `partitions` away: commit what is buffered while they are still ours."""
+        self.flush()
+        for partition in partitions:
+            self._assembler.reset(partition)
+
+    def _on_lost(self, partitions: list[int]) -> None:
+        """The group dropped this sink (it stalled): others own the partitions, so drop the buffer."""
+        with self._lock:
+            self._pending = _Pending()
+        self._assembler.reset()
 
     # -- consuming -----------------------------------------------------------------------
     def should_flush(self) -> bool:
@@ -117,9 +147,26 @@ class DeltaSink:
     def poll_once(self) -> int:
         """Poll the bus once and buffer what arrives; return the number of messages."""
         messages = self.bus.poll(self.config.poll_max_messages, self.config.poll_timeout_s)
-        for message in messages:
-            self.add(message)
+        # chunks of an oversized message are reassembled first; later messages of their
+        # partition wait, so committed offsets never pass the first chunk of a partial set
+        for released in self._assembler.feed(messages):
+            if released.reason is None:
+                self.add(released.message)
+            else:
+                self.add_rejected(released.message, released.reason)
         return len(messages)
+
+    def add_rejected(self, message: Message, reason: str) -> None:
+        """Buffer `message` as a dead letter with `reason` (e.g. an incomplete chunk set)."""
+        p = self._pending
+        if p.first_at is None:
+            p.first_at = time.monotonic()
+        self.stats.messages += 1
+        p.bytes += len(message.value)
+        pos = message.position
+        if pos is not None:
+            p.last_offsets[pos.app_id] = max(p.last_offsets.get(pos.app_id, -1), pos.offset)
+        self._dead(pos, message.key, codec.content_type_of(message.headers), message.value, reason)
 
     def add(self, message: Message) -> None:
         """Decode one message into the buffer; an unreadable one becomes a dead letter."""
@@ -153,11 +200,12 @@ class DeltaSink:
         raw: bytes,
         reason: str,
         event: dict[str, Any] | None = None,
+        into: _Pending | None = None,
     ) -> None:
         if pos is not None and pos.offset <= self._dead_positions.get(pos.app_id, -1):
             return  # stored by an earlier run before it crashed
         event = event or {}
-        self._pending.dead.append(
+        (into or self._pending).dead.append(
             {
                 "dead_letter_id": str(uuid.uuid4()),
                 "received_at": time.time(),
@@ -188,24 +236,42 @@ class DeltaSink:
             if result.reasons:
                 self._dead_rows(p, result.rejected, result.rejected_index, result.reasons)
             offsets = p.last_offsets if self.config.exactly_once else {}
-            if p.dead:
-                dead = _dead_table(p.dead)
-                self.lake.append("dead_letters", dead, offsets)
-                self.stats.dead_letters += len(p.dead)
-                for app_id, offset in offsets.items():
-                    self._dead_positions[app_id] = offset
-            action = self.lake.write_file("events", result.valid) if result.valid.num_rows else None
-            version = self.lake.commit("events", [action] if action else [], offsets)
-            self._remember_seqs(result.valid)
-            self.stats.events += result.valid.num_rows
-            self.stats.commits += 1
-            self.stats.bytes += p.bytes
-            self.stats.last_commit_at = time.time()
-            self.stats.last_version = version
-            if self.config.update_projections:
-                known = {action.path: result.valid} if action else {}
-                projections.catch_up(self.lake, known)
-            return version
+            expect = {app_id: self._committed.get(app_id) for app_id in offsets} if offsets else None
+            try:
+                return self._commit(p, result, offsets, expect)
+            except TxnFenced as err:
+                # another sink owns these partitions now (we stalled past a rebalance): what we
+                # buffered is theirs to commit; continue from the Delta log
+                log.warning("dropping %d buffered events: %s", p.rows, err)
+                self._assembler.reset()
+                self.resume(self.bus.assigned_partitions())
+                return None
+
+    def _commit(self, p: _Pending, result: Any, offsets: dict[str, int], expect: dict[str, int | None] | None) -> int:
+        """Commit dead letters, then rows with their offsets (fenced against other sinks)."""
+        if p.dead:
+            if expect:
+                self.lake.check_txns("events", expect)
+            dead = _dead_table(p.dead)
+            self.lake.append("dead_letters", dead, offsets)
+            self.stats.dead_letters += len(p.dead)
+            for app_id, offset in offsets.items():
+                self._dead_positions[app_id] = offset
+        action = self.lake.write_file("events", result.valid) if result.valid.num_rows else None
+        version = self.lake.commit("events", [action] if action else [], offsets, expect_txns=expect)
+        self._committed.update(offsets)
+        if hasattr(self.bus, "commit_offsets") and offsets:
+            self.bus.commit_offsets({int(a.rsplit(":", 1)[1]): o + 1 for a, o in offsets.items()})
+        self._remember_seqs(result.valid)
+        self.stats.events += result.valid.num_rows
+        self.stats.commits += 1
+        self.stats.bytes += p.bytes
+        self.stats.last_commit_at = time.time()
+        self.stats.last_version = version
+        if self.config.update_projections:
+            known = {action.path: result.valid} if action else {}
+            projections.catch_up(self.lake, known)
+        return version
 
     def _dead_rows(self, p: _Pending, rejected: pa.Table, index: np.ndarray, reasons: list[str]) -> None:
         starts = np.cumsum([0] + [t.num_rows for t in p.tables])
@@ -216,7 +282,7 @@ class DeltaSink:
             raw = codec.encode_arrow(one) if content_type == codec.ARROW_CONTENT_TYPE else codec.encode_json(
                 [{k: v for k, v in one.to_pylist()[0].items() if v is not None}]
             )
-            self._dead(pos, key, content_type, raw, reason, one.to_pylist()[0])
+            self._dead(pos, key, content_type, raw, reason, one.to_pylist()[0], into=p)
 
     def _known_seqs(self, batch: pa.Table) -> dict[str, set[int]]:
         """Stored seqs of the batch's trajectories that did not start in this batch."""

@@ -105,7 +105,7 @@ class Spool:
         """Remove the oldest `len(sizes)` messages (delivered), deleting drained files."""
         with self._lock:
             for size in sizes:
-                path, handle = self._files[0]
+                handle = self._files[0][1]
                 self._read_pos += size
                 self.messages -= 1
                 self.bytes -= size

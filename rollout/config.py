@@ -37,7 +37,9 @@ class RetryConfig(_Config):
     initial_backoff_s: float = Field(0.5, ge=0, description="Delay before the first retry.")
     max_backoff_s: float = Field(20.0, ge=0, description="Ceiling of any one delay.")
     multiplier: float = Field(2.0, ge=1, description="Growth of the delay per retry.")
-    jitter: float = Field(1.0, ge=0, le=1, description="Fraction of each delay drawn at random (1 = full jitter).")
+    jitter: float = Field(
+        1.0, ge=0, le=1, description="Fraction of each delay drawn at random (1 = full jitter)."
+    )
 
 
 class TitoConfig(_Config):
@@ -49,7 +51,9 @@ class TitoConfig(_Config):
     api_key: str | None = Field(None, description="Bearer token, if the server wants one.")
     connect_timeout_s: float = Field(5.0, gt=0, description="Time to open a connection.")
     timeout_s: float = Field(600.0, gt=0, description="Time for one whole completion request.")
-    retry: RetryConfig = Field(default_factory=RetryConfig, description="Retries on connect errors, 429 and 5xx.")
+    retry: RetryConfig = Field(
+        default_factory=RetryConfig, description="Retries on connect errors, 429 and 5xx."
+    )
 
 
 class ToolRunnerConfig(_Config):
@@ -57,10 +61,18 @@ class ToolRunnerConfig(_Config):
 
     env_prefix: ClassVar[str] = "TOOLS"
     timeout_s: float = Field(30.0, gt=0, description="Wall-clock limit of one tool call.")
-    max_output_tokens: int = Field(2048, ge=1, description="Tool output beyond this many tokens is truncated.")
-    truncation_marker: str = Field("\n[... output truncated ...]", description="Appended to truncated output.")
-    max_malformed_retries: int = Field(3, ge=0, description="Malformed calls the model may retry per turn before it is a model failure.")
-    nudge_threshold: float = Field(0.8, gt=0, le=1, description="Fraction of the context budget at which the nudge fires, once.")
+    max_output_tokens: int = Field(
+        2048, ge=1, description="Tool output beyond this many tokens is truncated."
+    )
+    truncation_marker: str = Field(
+        "\n[... output truncated ...]", description="Appended to truncated output."
+    )
+    max_malformed_retries: int = Field(
+        3, ge=0, description="Malformed calls the model may retry per turn before it is a model failure."
+    )
+    nudge_threshold: float = Field(
+        0.8, gt=0, le=1, description="Fraction of the context budget at which the nudge fires, once."
+    )
     nudge_text: str = Field(
         "You have used most of your context budget. Wrap up and give your final answer.",
         description="Message inserted as the context nudge.",
@@ -73,15 +85,22 @@ class JudgeConfig(_Config):
     env_prefix: ClassVar[str] = "JUDGE"
     base_url: str = Field("http://127.0.0.1:8001", description="Judge server root (without /v1).")
     model: str = Field("judge", description="Judge model name.")
-    api_keys: tuple[str, ...] = Field(("",), min_length=1, description="Keys to rotate across (comma-separated in the env var).")
+    api_keys: tuple[str, ...] = Field(
+        ("",), min_length=1, description="Keys to rotate across (comma-separated in the env var)."
+    )
     timeout_s: float = Field(60.0, gt=0, description="Time for one judge request.")
-    retry: RetryConfig = Field(default_factory=lambda: RetryConfig(max_attempts=8), description="Backoff on rate limits.")
+    retry: RetryConfig = Field(
+        default_factory=lambda: RetryConfig(max_attempts=8), description="Backoff on rate limits."
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _split_keys(cls, values: Any) -> Any:
         if isinstance(values, dict) and isinstance(values.get("api_keys"), str):
-            values = {**values, "api_keys": tuple(k.strip() for k in values["api_keys"].split(",") if k.strip())}
+            values = {
+                **values,
+                "api_keys": tuple(k.strip() for k in values["api_keys"].split(",") if k.strip()),
+            }
         return values
 
 
@@ -89,10 +108,14 @@ class WorkerConfig(_Config):
     """How agent loops run: each in its own Ray task (process isolation), or in threads."""
 
     env_prefix: ClassVar[str] = "WORKERS"
-    type: Literal["ray", "threads"] = Field("ray", description="Backend: ray (a crash kills one task only) or threads.")
+    type: Literal["ray", "threads"] = Field(
+        "ray", description="Backend: ray (a crash kills one task only) or threads."
+    )
     num_cpus: int = Field(2, ge=1, description="CPUs for a local Ray runtime started by the pool.")
     max_concurrency: int = Field(4, ge=1, description="Agent loops in flight at once (threads backend).")
-    task_timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit per agent loop (None = no limit).")
+    task_timeout_s: float | None = Field(
+        None, gt=0, description="Wall-clock limit per agent loop (None = no limit)."
+    )
 
 
 class SandboxConfig(_Config):

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
-
 from trajlake.rollout import backoff
 from trajlake.rollout.config import JudgeConfig
 from trajlake.rollout.errors import JudgeError
@@ -37,9 +36,13 @@ class Verdict:
 class Judge:
     """Asks a judge model to grade an answer; thread-safe, so agent loops can share one."""
 
-    def __init__(self, config: JudgeConfig | None = None, *, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, config: JudgeConfig | None = None, *, transport: httpx.BaseTransport | None = None
+    ) -> None:
         self.config = config or JudgeConfig()
-        self._client = httpx.Client(base_url=self.config.base_url, timeout=self.config.timeout_s, transport=transport)
+        self._client = httpx.Client(
+            base_url=self.config.base_url, timeout=self.config.timeout_s, transport=transport
+        )
         self._lock = threading.Lock()
         self._next_key = itertools.cycle(range(len(self.config.api_keys)))
         self._cool_until = [0.0] * len(self.config.api_keys)
@@ -59,7 +62,11 @@ class Judge:
     def _cool(self, key: int, retry_after: float | None) -> None:
         with self._lock:
             self._strikes[key] += 1
-            delay = retry_after if retry_after is not None else backoff.backoff_delay(self._strikes[key], self.config.retry)
+            delay = (
+                retry_after
+                if retry_after is not None
+                else backoff.backoff_delay(self._strikes[key], self.config.retry)
+            )
             self._cool_until[key] = time.monotonic() + delay
 
     def ask(self, messages: Sequence[dict[str, str]], *, max_tokens: int = 16) -> tuple[str, int, int, int]:
@@ -71,7 +78,12 @@ class Judge:
             if wait > 0:
                 time.sleep(min(wait, self.config.retry.max_backoff_s))
             headers = {"Authorization": f"Bearer {self.config.api_keys[key]}"}
-            body = {"model": self.config.model, "messages": list(messages), "max_tokens": max_tokens, "temperature": 0}
+            body = {
+                "model": self.config.model,
+                "messages": list(messages),
+                "max_tokens": max_tokens,
+                "temperature": 0,
+            }
             try:
                 response = self._client.post("/v1/chat/completions", json=body, headers=headers)
             except httpx.TransportError as err:  # the judge server may come back; try the next key
@@ -85,7 +97,9 @@ class Judge:
                 return text, key, attempt, limited
             last = f"HTTP {response.status_code}: {response.text[:200]}"
             if response.status_code not in RETRYABLE_STATUS:
-                raise JudgeError(f"judge request refused ({last}); check the judge model and keys", attempts=attempt)
+                raise JudgeError(
+                    f"judge request refused ({last}); check the judge model and keys", attempts=attempt
+                )
             limited += response.status_code == 429
             self._cool(key, backoff.retry_after_s(response.headers.get("retry-after")))
         raise JudgeError(

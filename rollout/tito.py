@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-
 from trajlake.rollout import backoff
 from trajlake.rollout.config import TitoConfig
 from trajlake.rollout.errors import Cancelled, InferenceError, InferenceResponseError
@@ -73,7 +72,9 @@ def parse_choice(choice: Mapping[str, Any], sent_prompt: Sequence[int]) -> tuple
     if ids is None:
         ids = ids_from_tokens
     elif ids_from_tokens is not None and list(ids) != ids_from_tokens:
-        raise InferenceResponseError("choice.token_ids and logprobs.tokens disagree; the server is not vLLM-compatible")
+        raise InferenceResponseError(
+            "choice.token_ids and logprobs.tokens disagree; the server is not vLLM-compatible"
+        )
     if ids is None:
         raise InferenceResponseError(
             "the response carries no token ids; serve with vLLM >= 0.10.2 (return_token_ids) "
@@ -89,7 +90,9 @@ def parse_choice(choice: Mapping[str, Any], sent_prompt: Sequence[int]) -> tuple
         raise InferenceResponseError("a sampled token has no finite logprob")
     echoed = choice.get("prompt_token_ids")
     if echoed is not None and list(echoed) != list(sent_prompt):
-        raise InferenceResponseError("the server's prompt_token_ids differ from the ids sent: it re-tokenised the prompt")
+        raise InferenceResponseError(
+            "the server's prompt_token_ids differ from the ids sent: it re-tokenised the prompt"
+        )
     return [int(i) for i in ids], [float(v) for v in values]
 
 
@@ -104,16 +107,22 @@ def _token_id(token: str) -> int:
 class TitoClient:
     """Sends token ids to vLLM and returns token ids and logprobs; retries, times out, cancels."""
 
-    def __init__(self, config: TitoConfig | None = None, *, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, config: TitoConfig | None = None, *, transport: httpx.BaseTransport | None = None
+    ) -> None:
         self.config = config or TitoConfig()
         self._transport = transport
 
     def _client(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
         timeout = httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
-        return httpx.Client(base_url=self.config.base_url, timeout=timeout, headers=headers, transport=self._transport)
+        return httpx.Client(
+            base_url=self.config.base_url, timeout=timeout, headers=headers, transport=self._transport
+        )
 
-    def request_body(self, prompt_token_ids: Sequence[int], max_tokens: int, **sampling: Any) -> dict[str, Any]:
+    def request_body(
+        self, prompt_token_ids: Sequence[int], max_tokens: int, **sampling: Any
+    ) -> dict[str, Any]:
         """The JSON body of a completion request for `prompt_token_ids`."""
         body: dict[str, Any] = {
             "model": self.config.model,
@@ -212,4 +221,6 @@ def _http_error(response: httpx.Response) -> InferenceError:
     if response.status_code == 400 and "context length" in text.lower():
         return ContextLengthExceeded(f"HTTP 400: {text}", status_code=400)
     retryable = response.status_code in RETRYABLE_STATUS
-    return InferenceError(f"HTTP {response.status_code}: {text}", status_code=response.status_code, retryable=retryable)
+    return InferenceError(
+        f"HTTP {response.status_code}: {text}", status_code=response.status_code, retryable=retryable
+    )

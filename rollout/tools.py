@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -63,7 +64,9 @@ class ToolResult:
         """(origin, label) of a failed call in the taxonomy, None when it succeeded."""
         if self.ok:
             return None
-        return taxonomy.classify_tool_error(self.error_type or "tool_error", is_code_execution=self.is_code_execution)
+        return taxonomy.classify_tool_error(
+            self.error_type or "tool_error", is_code_execution=self.is_code_execution
+        )
 
 
 class MalformedCall(ValueError):
@@ -92,7 +95,6 @@ class ToolRunner:
         self.malformed_in_a_row = 0
         self.nudged = False
         self.n_calls = 0
-        self._pool = ThreadPoolExecutor(max_workers=max(2, len(self.tools)), thread_name_prefix="tool")
 
     # -- nudge ----------------------------------------------------------------------------
     def nudge(self, context_used_fraction: float | None) -> str | None:
@@ -100,7 +102,11 @@ class ToolRunner:
 
         The harness appends it to the next input and records that turn with `nudged=True`.
         """
-        if self.nudged or context_used_fraction is None or context_used_fraction < self.config.nudge_threshold:
+        if (
+            self.nudged
+            or context_used_fraction is None
+            or context_used_fraction < self.config.nudge_threshold
+        ):
             return None
         self.nudged = True
         return self.config.nudge_text
@@ -130,7 +136,9 @@ class ToolRunner:
         except MalformedCall as err:
             self.malformed_in_a_row += 1
             name = _name_of(raw_call)
-            result = ToolResult("error", f"Malformed tool call: {err}", error_type="malformed_call", tool_name=name)
+            result = ToolResult(
+                "error", f"Malformed tool call: {err}", error_type="malformed_call", tool_name=name
+            )
             result.output_token_ids = list(self.encode(result.output))
             self._record(traj, name, raw_call, False, result)
             return result
@@ -146,8 +154,10 @@ class ToolRunner:
             try:
                 raw_call = json.loads(raw_call)
             except json.JSONDecodeError as err:
-                raise MalformedCall(f"not valid JSON ({err.msg} at position {err.pos}); "
-                                    'write {"name": ..., "arguments": {...}}') from err
+                raise MalformedCall(
+                    f"not valid JSON ({err.msg} at position {err.pos}); "
+                    'write {"name": ..., "arguments": {...}}'
+                ) from err
         if not isinstance(raw_call, Mapping) or not isinstance(raw_call.get("name"), str):
             raise MalformedCall('a tool call is an object with a string "name" and an "arguments" object')
         name = raw_call["name"]
@@ -172,7 +182,7 @@ class ToolRunner:
         """Run a parsed call under its timeout; errors and timeouts become typed results."""
         timeout = tool.timeout_s or self.config.timeout_s
         started = time.monotonic()
-        future = self._pool.submit(tool.fn, **arguments)
+        future = _start_call(tool, arguments)
         status: ToolStatus = "ok"
         error_type = None
         try:
@@ -180,8 +190,11 @@ class ToolRunner:
         except (FutureTimeout, SandboxTimeout):
             # A Python thread cannot be killed; it finishes in the background. Tools that must be
             # stopped (model-written code) run in a sandbox, whose exec timeout kills the process.
-            future.cancel()
-            status, error_type, output = "timeout", "timeout", f"Tool {tool.name!r} timed out after {timeout:g}s"
+            status, error_type, output = (
+                "timeout",
+                "timeout",
+                f"Tool {tool.name!r} timed out after {timeout:g}s",
+            )
         except SandboxError as err:
             status, error_type, output = "error", "sandbox_crash", f"Sandbox failed: {err}"
         except Exception as err:  # any tool bug becomes a typed error result, never a dead agent loop
@@ -230,8 +243,21 @@ class ToolRunner:
         )
 
     def close(self) -> None:
-        """Stop accepting calls; running tool threads are not waited for."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Nothing to release: tool threads are daemons and a hung one is never waited for."""
+
+
+def _start_call(tool: Tool, arguments: Mapping[str, Any]) -> Future[Any]:
+    """Run the tool in its own daemon thread, so a hung call never blocks the calls after it."""
+    future: Future[Any] = Future()
+
+    def target() -> None:
+        try:
+            future.set_result(tool.fn(**arguments))
+        except BaseException as err:  # handed to the runner through the future
+            future.set_exception(err)
+
+    threading.Thread(target=target, name=f"tool-{tool.name}", daemon=True).start()
+    return future
 
 
 def _name_of(raw_call: Any) -> str:

@@ -148,11 +148,12 @@ def _check_turns(table: pa.Table, reasons: dict[int, list[str]]) -> None:
         "the mask must cover exactly the turn's output tokens"
     ))
 
-    flat_lp = pc.list_flatten(lps)
-    lp_values = flat_lp.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    lp_values = pc.list_flatten(lps).to_numpy(zero_copy_only=False)
     with np.errstate(invalid="ignore"):
-        bad_lp = ~np.isfinite(lp_values) | (lp_values > 0)
-    if bad_lp.any():
+        clean = not len(lp_values) or bool(lp_values.max() <= 0 and np.isfinite(lp_values.min()))
+    if not clean:  # NaN or +inf or a positive value somewhere: find the rows
+        with np.errstate(invalid="ignore"):
+            bad_lp = ~np.isfinite(lp_values) | (lp_values > 0)
         rows = _list_row_flags(lps, bad_lp, n)
         _add(reasons, np.flatnonzero(rows), lambda i: (
             f"output_logprobs contains {_first_bad(lps[i].as_py(), lambda v: not (v <= 0))!r}; "
@@ -164,6 +165,10 @@ def _check_turns(table: pa.Table, reasons: dict[int, list[str]]) -> None:
         flat = pc.list_flatten(col).to_numpy(zero_copy_only=False)
         if not len(flat):
             continue
+        lo, hi = int(flat.min()), int(flat.max())
+        smallest_vocab = pc.min(vocab).as_py()
+        if lo >= 0 and (smallest_vocab is None or hi < smallest_vocab):
+            continue  # every id is in range for every row's vocabulary
         negative = flat < 0
         if negative.any():
             rows = _list_row_flags(col, negative, n)

@@ -120,6 +120,10 @@ def _cell(value: Any) -> str:
 
 
 def _json_default(value: Any) -> Any:
+    import decimal
+
+    if isinstance(value, decimal.Decimal):  # DuckDB sums of integers are HUGEINT -> Decimal
+        return int(value) if value == value.to_integral_value() else float(value)
     if hasattr(value, "isoformat"):
         return value.isoformat()
     if isinstance(value, bytes):

@@ -1,15 +1,20 @@
 """Compaction: merge small files (optimize) and delete unreferenced ones (vacuum), guarded.
 
-Compaction rewrites files with `dataChange=false`, so projections (which advance on the
-files that commits add with `dataChange=true`) are not re-fed rows they already hold.
+Merged files are written by the lake's own Parquet writer (so token payloads keep their
+compact layout) and committed with `dataChange=false` together with the removal of the
+files they replace, in one Delta commit. Projections advance on files added with
+`dataChange=true`, so they are never re-fed rows they already hold.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from deltalake import ColumnProperties, WriterProperties
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake.store.errors import LakeError
 
@@ -18,6 +23,8 @@ if TYPE_CHECKING:
 
 MIN_RETENTION_HOURS = 168
 """Files younger than this stay, so readers and sinks on an older snapshot keep working."""
+
+TARGET_FILE_BYTES = 256 << 20
 
 
 @dataclass
@@ -29,23 +36,6 @@ class CompactionReport:
     vacuumed: dict[str, int] = field(default_factory=dict)
 
 
-def writer_properties(lake: Lake, name: str) -> WriterProperties:
-    """delta-rs writer settings matching the lake's own Parquet layout (zstd, split floats)."""
-    from trajlake.store.lake import SCHEMAS
-
-    columns = {}
-    if lake.config.byte_stream_split_floats:
-        for f in SCHEMAS[name]:
-            if str(f.type).startswith("list<") and "float" in str(f.type):
-                columns[f"{f.name}.element"] = ColumnProperties(dictionary_enabled=False, encoding="BYTE_STREAM_SPLIT")
-    return WriterProperties(
-        compression="ZSTD",
-        compression_level=lake.config.compression_level,
-        max_row_group_size=lake.config.row_group_rows,
-        column_properties=columns or None,
-    )
-
-
 def check_retention(retention_hours: int, allow_short: bool) -> None:
     """Raise unless the retention respects the guard (or the caller overrides it)."""
     if retention_hours < 0:
@@ -55,6 +45,38 @@ def check_retention(retention_hours: int, allow_short: bool) -> None:
             f"retention {retention_hours}h is below the {MIN_RETENTION_HOURS}h guard: readers or sinks "
             "on an older snapshot would lose files; pass --allow-short-retention to override"
         )
+
+
+def _bins(sizes: list[tuple[str, int]], target: int) -> list[list[str]]:
+    """Consecutive groups of small files, each up to about `target` bytes."""
+    bins: list[list[str]] = [[]]
+    total = 0
+    for path, size in sizes:
+        if bins[-1] and total + size > target:
+            bins.append([])
+            total = 0
+        bins[-1].append(path)
+        total += size
+    return [b for b in bins if len(b) > 1]
+
+
+def optimize(lake: Lake, name: str, target_bytes: int = TARGET_FILE_BYTES) -> tuple[int, int]:
+    """Merge the small files of one table; return (files removed, files added)."""
+    fs, root = lake.filesystem()
+    table_root = f"{root}/{name}"
+    infos = fs.get_file_info([f"{table_root}/{uri.rsplit('/', 1)[1]}" for uri in lake.files(name)])
+    small = sorted((i.path, i.size) for i in infos if i.size < target_bytes)
+    removed = added = 0
+    for group in _bins(small, target_bytes):
+        data = pa.concat_tables([pq.read_table(p, filesystem=fs) for p in group])
+        written = lake.write_file(name, data)
+        add = AddAction(written.path, written.size, {}, written.modification_time, False, written.stats)
+        now = int(time.time() * 1000)
+        removes = [RemoveAction(p.rsplit("/", 1)[1], False, now, size) for p, size in small if p in group]
+        lake.commit(name, [add, *removes])
+        removed += len(group)
+        added += 1
+    return removed, added
 
 
 def compact(
@@ -72,12 +94,9 @@ def compact(
     for name in tables or TABLES:
         if not lake.exists(name):
             continue
-        table = lake.delta(name)
-        metrics = table.optimize.compact(writer_properties=writer_properties(lake, name))
-        report.files_removed[name] = int(metrics.get("numFilesRemoved", 0))
-        report.files_added[name] = int(metrics.get("numFilesAdded", 0))
+        report.files_removed[name], report.files_added[name] = optimize(lake, name)
         if vacuum:
-            deleted = table.vacuum(
+            deleted = lake.delta(name).vacuum(
                 retention_hours=retention_hours,
                 dry_run=False,
                 enforce_retention_duration=not allow_short_retention,

@@ -16,10 +16,12 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from trajlake.schemas.events import EVENTS_SCHEMA as SCHEMAS_EVENTS
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
 
 if TYPE_CHECKING:
@@ -35,12 +37,10 @@ KEYS: dict[str, tuple[str, ...]] = {
 
 TURNS_SQL = """
 select run_id, trajectory_id, event_id, seq, turn_index, policy_version,
-  coalesce(len(input_token_ids), 0)::bigint as n_input_tokens,
-  len(output_token_ids)::bigint as n_output_tokens,
-  coalesce(list_count(list_filter(loss_mask, lambda x: x)), len(output_token_ids))::bigint as n_loss_tokens,
+  n_input_tokens, n_output_tokens, n_loss_tokens,
   coalesce(input_is_full, false) as input_is_full, finish_reason, context_used_fraction,
   coalesce(nudged, false) as nudged, coalesce(tito_drift, false) as tito_drift, latency_s,
-  coalesce(list_sum(output_logprobs), 0)::double as sum_logprob, event_time
+  sum_logprob, event_time
 from e where event_type = 'turn'
 """
 
@@ -74,10 +74,10 @@ s as (
 t as (
   select run_id, trajectory_id, count(*) as n_turns,
     min(policy_version) as policy_version_min, max(policy_version) as policy_version_max,
-    sum(len(output_token_ids)) as assistant_tokens,
-    sum(case when turn_index = 0 then coalesce(len(input_token_ids), 0) else 0 end) as prompt_tokens,
-    sum(case when turn_index > 0 then coalesce(len(input_token_ids), 0) else 0 end) as env_tokens,
-    sum(coalesce(list_sum(output_logprobs), 0)) as sum_logprob,
+    sum(n_output_tokens) as assistant_tokens,
+    sum(case when turn_index = 0 then n_input_tokens else 0 end) as prompt_tokens,
+    sum(case when turn_index > 0 then n_input_tokens else 0 end) as env_tokens,
+    sum(sum_logprob) as sum_logprob,
     max(context_used_fraction) as context_peak_fraction,
     count(*) filter (where nudged) as n_nudges, count(*) filter (where tito_drift) as n_drift_turns
   from e where event_type = 'turn' group by all
@@ -130,17 +130,43 @@ select run_id, step, trainer_version, unnest(consumed_trajectory_ids) as traject
 from e where event_type = 'batch_consumed'
 """
 
-EVENT_COLUMNS = (
+SCALAR_COLUMNS = (
     "event_id", "event_type", "run_id", "trajectory_id", "seq", "event_time", "task_id", "group_id",
     "sample_index", "environment", "harness", "model", "context_budget_tokens", "turn_index",
-    "policy_version", "input_token_ids", "input_is_full", "output_token_ids", "output_logprobs",
-    "loss_mask", "finish_reason", "context_used_fraction", "nudged", "tito_drift", "latency_s",
-    "call_id", "tool_name", "arguments", "is_code_execution", "ok", "error_type", "timed_out",
+    "policy_version", "input_is_full", "finish_reason", "context_used_fraction", "nudged", "tito_drift",
+    "latency_s", "call_id", "tool_name", "arguments", "is_code_execution", "ok", "error_type", "timed_out",
     "truncated", "output_tokens", "retries", "reward", "verifier_error", "status", "failure_origin",
     "failure_label", "message", "step", "checkpoint", "metrics", "trainer_version",
     "consumed_trajectory_ids", "consumed_staleness",
 )  # fmt: skip
+TOKEN_COLUMNS = ("input_token_ids", "output_token_ids", "output_logprobs", "loss_mask")
+EVENT_COLUMNS = SCALAR_COLUMNS + TOKEN_COLUMNS
 """The `events` columns projections read (token payloads only for their lengths and sums)."""
+
+
+def _list_sums(col: pa.ChunkedArray | pa.Array, lengths: np.ndarray, dtype: type) -> np.ndarray:
+    """Per-row sum of a list column (0 for null or empty lists), vectorised."""
+    values = np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False), dtype=dtype)
+    ends = np.cumsum(lengths)
+    csum = np.concatenate([[0], np.cumsum(values)])
+    return csum[ends] - csum[ends - lengths]
+
+
+def scalarize(events: pa.Table) -> pa.Table:
+    """Drop the token payloads, keeping what projections need of them: lengths and sums."""
+    def lengths(name: str) -> np.ndarray:
+        return np.asarray(pc.fill_null(pc.list_value_length(events.column(name)), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    n_in, n_out = lengths("input_token_ids"), lengths("output_token_ids")
+    n_mask = lengths("loss_mask")
+    n_lp = lengths("output_logprobs")
+    loss = _list_sums(events.column("loss_mask"), n_mask, np.int64)
+    has_mask = pc.is_valid(events.column("loss_mask")).to_numpy(zero_copy_only=False)
+    out = events.select(list(SCALAR_COLUMNS))
+    out = out.append_column("n_input_tokens", pa.array(n_in, pa.int64()))
+    out = out.append_column("n_output_tokens", pa.array(n_out, pa.int64()))
+    out = out.append_column("n_loss_tokens", pa.array(np.where(has_mask, loss, n_out).astype(np.int64), pa.int64()))
+    return out.append_column("sum_logprob", pa.array(_list_sums(events.column("output_logprobs"), n_lp, np.float64)))
 
 
 def compute(events: pa.Table | None, con: duckdb.DuckDBPyConnection | None = None) -> dict[str, pa.Table]:
@@ -205,11 +231,11 @@ def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Ta
     parts = []
     for path in paths:
         if path in known:
-            parts.append(known[path].select(list(EVENT_COLUMNS)))
+            parts.append(scalarize(known[path]))
         else:
-            parts.append(pq.read_table(f"{root}/events/{path}", columns=list(EVENT_COLUMNS), filesystem=fs))
+            parts.append(scalarize(pq.read_table(f"{root}/events/{path}", columns=list(EVENT_COLUMNS), filesystem=fs)))
     if not parts:
-        return SCHEMAS["events"].empty_table().select(list(EVENT_COLUMNS))
+        return scalarize(SCHEMAS["events"].empty_table())
     return pa.concat_tables(parts)
 
 
@@ -249,7 +275,7 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int) -> None:
     if old:
         quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in old)
         everything = lake.read("events", EVENT_COLUMNS, where=f"trajectory_id in ({quoted})")
-        old_rows = compute(everything)
+        old_rows = compute(scalarize(everything))
     for name in names:
         rows = fresh_rows[name]
         if name in ("trajectories", "tool_calls") and old:
@@ -261,18 +287,18 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int) -> None:
 
 
 def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, int]:
-    """Recreate projections from all of `events`; return rows per table."""
-    upto = lake.version("events")
-    con = duckdb.connect()
-    try:
-        con.execute("set threads to 2")
-        from trajlake.store.sql import register_tables
+    """Recreate projections from all of `events`; return rows per table.
 
-        register_tables(con, lake, ["events"])
-        con.execute(f"create or replace temp view e as select {', '.join(EVENT_COLUMNS)} from _t_events")
-        rows = compute(None, con)
-    finally:
-        con.close()
+    Files are read one at a time and reduced to scalars, so memory stays bounded by the
+    largest file rather than by the lake.
+    """
+    upto = lake.version("events")
+    fs, _ = lake.filesystem()
+    parts = [scalarize(SCHEMAS_EVENTS.empty_table())]
+    for uri in lake.files("events"):
+        path = uri.split("://", 1)[1] if "://" in uri else uri
+        parts.append(scalarize(pq.read_table(path, columns=list(EVENT_COLUMNS), filesystem=fs)))
+    rows = compute(pa.concat_tables(parts))
     counts = {}
     for name in names:
         lake.overwrite(name, rows[name], {APP_ID: max(upto, -1)})

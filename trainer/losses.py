@@ -9,8 +9,9 @@ Notation (per token t of sequence b; tensors are [B, T] unless said otherwise):
 
 Every policy loss uses the rollout logprobs as the behaviour policy, so none needs an extra
 forward pass to recompute "old" logprobs. Each returns a `PolicyLoss` holding the per-token
-loss (to be reduced by `aggregate_loss`) and a per-token `clipped` flag: tokens whose
-gradient the trust region cut (clipped, masked or truncated), for the clip-fraction metric.
+loss (to be reduced by `aggregate_loss`), a per-token `clipped` flag (the trust region
+intervened: clipped, masked or truncated; the clip-fraction metric) and a per-token
+`masked` flag (the token's gradient is zero; the masked-fraction metric).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo")
 
 @dataclass
 class PolicyLoss:
-    """Per-token loss [B, T] and the tokens whose gradient the trust region cut [B, T] (bool)."""
+    """Per-token loss [B, T]; where the trust region intervened, and where it zeroed the gradient."""
 
     token_loss: torch.Tensor
     clipped: torch.Tensor
+    masked: torch.Tensor
 
 
 # -- advantages -------------------------------------------------------------------------------
@@ -121,7 +123,8 @@ def ppo_clip_loss(
     unclipped = ratio * adv
     clipped_term = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     loss = -torch.minimum(unclipped, clipped_term)
-    return PolicyLoss(loss, (clipped_term < unclipped).detach())
+    cut = (clipped_term < unclipped).detach()
+    return PolicyLoss(loss, cut, cut)
 
 
 def dppo_loss(
@@ -160,7 +163,7 @@ def dppo_loss(
     pushed_down = (adv < 0) & (prob < old)
     masked = (dist > delta) & (pushed_up | pushed_down)
     loss = -adv * ratio.clamp(max=ratio_cap) * logprobs * (~masked)
-    return PolicyLoss(loss, masked)
+    return PolicyLoss(loss, masked, masked)
 
 
 def glm5_loss(
@@ -182,7 +185,7 @@ def glm5_loss(
     adv = _per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - rollout_logprobs).clamp(-20.0, 20.0)).detach()
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    return PolicyLoss(-adv * weight * logprobs, weight != ratio)
+    return PolicyLoss(-adv * weight * logprobs, weight != ratio, torch.zeros_like(ratio, dtype=torch.bool))
 
 
 def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap: float = 2.0) -> torch.Tensor:
@@ -204,7 +207,7 @@ def tis_pg_loss(
     adv = _per_token(advantages, logprobs)
     weight = tis_weights(logprobs.detach(), rollout_logprobs, cap)
     raw = torch.exp((logprobs.detach() - rollout_logprobs).clamp(-20.0, 20.0))
-    return PolicyLoss(-adv * weight * logprobs, raw > cap)
+    return PolicyLoss(-adv * weight * logprobs, raw > cap, torch.zeros_like(raw, dtype=torch.bool))
 
 
 def policy_loss(
@@ -229,6 +232,27 @@ def policy_loss(
 
 
 # -- aggregation ------------------------------------------------------------------------------
+def sequence_weights(token_counts: torch.Tensor, prompt_index: torch.Tensor, mode: str) -> torch.Tensor:
+    """The weight of each masked token of sequence b, [B]: `effective_weights` is w_b · m_bt.
+
+    Depends only on each sequence's masked-token count n_b and prompt group, so a trainer
+    that splits a batch into micro-batches can weight each micro-batch's tokens exactly as
+    the whole batch would, and the summed gradients equal the whole-batch gradient.
+    """
+    counts = token_counts.to(torch.float64)
+    if mode == "token_mean":
+        return torch.full_like(counts, 1.0) / counts.sum().clamp(min=1.0)
+    if mode == "sequence_mean":
+        n_seqs = (counts > 0).sum().clamp(min=1)
+        return 1.0 / (counts.clamp(min=1.0) * n_seqs)
+    if mode == "prompt_mean":
+        ids, n_groups = _group_ids(prompt_index.to(counts.device))
+        per_group = _group_sum(counts, ids, n_groups)
+        n_live = (per_group > 0).sum().clamp(min=1)
+        return 1.0 / (per_group.clamp(min=1.0)[ids] * n_live)
+    raise ValueError(f"unknown aggregation mode {mode!r}; choose one of {AGGREGATION_MODES}")
+
+
 def effective_weights(loss_mask: torch.Tensor, prompt_index: torch.Tensor, mode: str) -> torch.Tensor:
     """The weight each token gets in `aggregate_loss`, [B, T]; they sum to 1 (0 with no masked token).
 
@@ -237,18 +261,7 @@ def effective_weights(loss_mask: torch.Tensor, prompt_index: torch.Tensor, mode:
         prompt_mean:   w_bt = m_bt / (N_g · G),   N_g = Σ over g's sequences of n_b, G = #groups with N_g > 0
     """
     mask = loss_mask.to(torch.float64)
-    if mode == "token_mean":
-        return mask / mask.sum().clamp(min=1.0)
-    if mode == "sequence_mean":
-        per_seq = mask.sum(dim=1)
-        n_seqs = (per_seq > 0).sum().clamp(min=1)
-        return mask / (per_seq.clamp(min=1.0) * n_seqs).unsqueeze(1)
-    if mode == "prompt_mean":
-        ids, n_groups = _group_ids(prompt_index.to(loss_mask.device))
-        per_group = _group_sum(mask.sum(dim=1), ids, n_groups)
-        n_live = (per_group > 0).sum().clamp(min=1)
-        return mask / (per_group.clamp(min=1.0)[ids] * n_live).unsqueeze(1)
-    raise ValueError(f"unknown aggregation mode {mode!r}; choose one of {AGGREGATION_MODES}")
+    return mask * sequence_weights(mask.sum(dim=1), prompt_index, mode).unsqueeze(1)
 
 
 def aggregate_loss(
@@ -273,9 +286,13 @@ def aggregate_loss(
 
 def prompt_weight_spread(loss_mask: torch.Tensor, prompt_index: torch.Tensor, mode: str) -> float:
     """Coefficient of variation (std/mean) of the total effective weight per prompt group; 0 = equal."""
-    weights = effective_weights(loss_mask, prompt_index, mode).sum(dim=1)
-    ids, n_groups = _group_ids(prompt_index.to(weights.device))
-    per_group = _group_sum(weights, ids, n_groups)
-    if n_groups < 2 or per_group.mean() == 0:
+    return group_weight_spread(effective_weights(loss_mask, prompt_index, mode).sum(dim=1), prompt_index)
+
+
+def group_weight_spread(sample_weight: torch.Tensor, prompt_index: torch.Tensor) -> float:
+    """Coefficient of variation of per-group sums of `sample_weight` [B] (0 with fewer than 2 groups)."""
+    ids, n_groups = _group_ids(prompt_index.to(sample_weight.device))
+    per_group = _group_sum(sample_weight.to(torch.float64), ids, n_groups)
+    if n_groups < 2 or float(per_group.mean()) == 0.0:
         return 0.0
     return float(per_group.std(unbiased=False) / per_group.mean())

@@ -93,6 +93,23 @@ class TinyPolicy(nn.Module):
             result = result * attention_mask.to(result.dtype)
         return result
 
+    def logprobs_and_entropy(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`token_logprobs` and `entropy` from one forward pass (the trainer needs both)."""
+        input_ids = input_ids.long()
+        batch, length = input_ids.shape
+        zeros = torch.zeros(batch, 1, dtype=torch.float32, device=input_ids.device)
+        if length < 2:
+            return zeros.expand(batch, length).clone(), zeros.expand(batch, length).clone()
+        log_probs = self._shifted_log_probs(input_ids, temperature)
+        picked = torch.cat([zeros, log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)], dim=1)
+        ent = torch.cat([zeros, -(log_probs.exp() * log_probs).sum(-1)], dim=1)
+        if attention_mask is not None:
+            keep = attention_mask.to(picked.dtype)
+            picked, ent = picked * keep, ent * keep
+        return picked, ent
+
     # -- sampling -----------------------------------------------------------------------
     @torch.no_grad()
     def generate(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import streamlit as st
-
 from trajlake.dashboards.metrics import MISMATCH_THRESHOLD
 from trajlake.dashboards.views.common import PageContext, area, bars, empty_state, fmt, line
 
@@ -13,51 +12,95 @@ def render(ctx: PageContext) -> None:
     staleness = ctx.metric("staleness_distribution", ctx.run_id)
     mismatch = ctx.metric("logprob_mismatch", ctx.run_id)
     lag = ctx.metric("ingest_lag", ctx.run_id)
-    cols = st.columns(4)
+    cols = st.columns(5)
     counts = staleness.to_pylist()
     n = sum(r["n_trajectories"] for r in counts)
-    cols[0].metric("Mean staleness", fmt(sum(r["staleness"] * r["n_trajectories"] for r in counts) / n, 2) if n else "–")
+    cols[0].metric(
+        "Mean staleness", fmt(sum(r["staleness"] * r["n_trajectories"] for r in counts) / n, 2) if n else "–"
+    )
     cols[1].metric("Max staleness", str(max(r["staleness"] for r in counts)) if counts else "–")
     last = mismatch.to_pylist()[-1] if mismatch.num_rows else None
-    cols[2].metric("Logprob mismatch (latest step)", fmt(last and last["mismatch"], 4),
-                   None if last is None else ("healthy" if last["healthy"] else f"above {MISMATCH_THRESHOLD}"),
-                   delta_color="normal" if last is None or last["healthy"] else "inverse")
+    cols[2].metric(
+        "Logprob mismatch (latest step)",
+        fmt(last and last["mismatch"], 4),
+        None if last is None else ("healthy" if last["healthy"] else f"above {MISMATCH_THRESHOLD}"),
+        delta_color="normal" if last is None or last["healthy"] else "inverse",
+    )
     lag_rows = lag.to_pylist()
     cols[3].metric("Ingest lag p95 (latest)", f"{lag_rows[-1]['lag_p95_s']:.2f} s" if lag_rows else "–")
+    since = ctx.metric("freshness_s", ctx.run_id)
+    cols[4].metric(
+        "Since the last event",
+        "–" if since is None else f"{since:,.0f} s",
+        help="now − the run's latest event_time: how long rollouts have been quiet",
+    )
 
     left, right = st.columns(2)
     with left:
         if staleness.num_rows:
-            bars(staleness, "staleness", "n_trajectories", "Staleness at consumption (trainer version − policy version)",
-                 x_type="O")
+            bars(
+                staleness,
+                "staleness",
+                "n_trajectories",
+                "Staleness at consumption (trainer version − policy version)",
+                x_type="O",
+            )
         else:
-            empty_state("consumed batches", "The trainer records each batch it samples in `batch_consumption`.")
+            empty_state(
+                "consumed batches", "The trainer records each batch it samples in `batch_consumption`."
+            )
     with right:
         if mismatch.num_rows:
-            line(mismatch, "step", "mismatch", f"Train/inference logprob mismatch (healthy < {MISMATCH_THRESHOLD})",
-                 rule=MISMATCH_THRESHOLD)
+            line(
+                mismatch,
+                "step",
+                "mismatch",
+                f"Train/inference logprob mismatch (healthy < {MISMATCH_THRESHOLD})",
+                rule=MISMATCH_THRESHOLD,
+            )
         else:
-            empty_state("trainer steps", "The trainer reports the logprob mismatch per step in `trainer_steps`.")
+            empty_state(
+                "trainer steps", "The trainer reports the logprob mismatch per step in `trainer_steps`."
+            )
     st.subheader("Buffer composition")
-    by = st.radio("Split by", ["difficulty", "length"], horizontal=True, key="buffer_by",
-                  format_func={"difficulty": "task difficulty", "length": "trajectory length"}.get)
+    by = st.radio(
+        "Split by",
+        ["difficulty", "length"],
+        horizontal=True,
+        key="buffer_by",
+        format_func={"difficulty": "task difficulty", "length": "trajectory length"}.get,
+    )
     arrivals = ctx.metric("buffer_composition", ctx.run_id, by, "arrivals", ctx.success_threshold)
     consumed = ctx.metric("buffer_composition", ctx.run_id, by, "consumption", ctx.success_threshold)
     left, right = st.columns(2)
     with left:
         if arrivals.num_rows:
-            area(arrivals, "bucket_start", "n_trajectories", "category", "Arrivals over time (finished trajectories)",
-                 normalize=True)
+            area(
+                arrivals,
+                "bucket_start",
+                "n_trajectories",
+                "category",
+                "Arrivals over time (finished trajectories)",
+                normalize=True,
+            )
         else:
             empty_state("finished trajectories", "Arrivals show up as trajectories finish.")
     with right:
         if consumed.num_rows:
-            bars(consumed, "step", "n_trajectories", "Consumed per trainer step", color="category", x_type="O")
+            bars(
+                consumed, "step", "n_trajectories", "Consumed per trainer step", color="category", x_type="O"
+            )
         else:
             empty_state("consumed batches", "Per-step composition appears once the trainer samples.")
     st.subheader("Ingest lag")
     if lag.num_rows:
-        line(lag, "bucket_start", ["lag_p50_s", "lag_p95_s", "lag_max_s"], "Ingest lag (file write time − event time)",
-             x_type="T", y_title="seconds")
+        line(
+            lag,
+            "bucket_start",
+            ["lag_p50_s", "lag_p95_s", "lag_max_s"],
+            "Ingest lag (file write time − event time)",
+            x_type="T",
+            y_title="seconds",
+        )
     else:
         empty_state("events", "Ingest lag is measured on the events the sink wrote (local lakes).")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import streamlit as st
-
 from trajlake.dashboards.views.common import PageContext, bars, empty_state, fmt, frame, line
 
 RATIOS = ["tool_success_rate", "code_exec_ratio", "context_exhaustion_ratio", "nudge_rate", "tito_drift_rate"]
@@ -30,7 +29,9 @@ def render(ctx: PageContext) -> None:
         line(by_version, "policy_version", "turns_per_trajectory", "Turns per trajectory", x_type="O")
         line(by_version, "policy_version", RATIOS, "Rates by policy version", x_type="O", y_title="rate")
     with right:
-        line(by_version, "policy_version", "assistant_tokens_per_turn", "Assistant tokens per turn", x_type="O")
+        line(
+            by_version, "policy_version", "assistant_tokens_per_turn", "Assistant tokens per turn", x_type="O"
+        )
         hist = ctx.metric("turns_histogram", ctx.run_id, ctx.versions)
         bars(hist, "n_turns", "n_trajectories", "Turns per trajectory (distribution)", x_type="O")
     tools = ctx.metric("tool_stats", ctx.run_id, ctx.versions)

@@ -9,7 +9,6 @@ from typing import Any
 import altair as alt
 import pyarrow as pa
 import streamlit as st
-
 from trajlake.dashboards import metrics
 
 CACHE_TTL_S = 15
@@ -62,11 +61,20 @@ def empty_state(what: str, how: str) -> None:
     st.info(f"**No {what} yet.** {how}", icon=":material/hourglass_empty:")
 
 
-def line(table: pa.Table, x: str, y: str | list[str], title: str, *, color: str | None = None,
-         x_type: str = "Q", rule: float | None = None, y_title: str | None = None) -> None:
+def line(
+    table: pa.Table,
+    x: str,
+    y: str | list[str],
+    title: str,
+    *,
+    color: str | None = None,
+    x_type: str = "Q",
+    rule: float | None = None,
+    y_title: str | None = None,
+) -> None:
     """A line chart of one or more measures (several `y` are folded into a `measure` colour)."""
     data = frame(table)
-    chart = alt.Chart(data, title=title)
+    chart = alt.Chart(data)
     if isinstance(y, list):
         chart = chart.transform_fold(y, as_=["measure", "value"])
         y_enc, color_enc = alt.Y("value:Q", title=y_title or ""), alt.Color("measure:N", title=None)
@@ -74,18 +82,30 @@ def line(table: pa.Table, x: str, y: str | list[str], title: str, *, color: str 
         y_enc = alt.Y(f"{y}:Q", title=y_title or y)
         color_enc = alt.Color(f"{color}:N") if color else alt.value("#4c78a8")
     layer = chart.mark_line(point=True).encode(
-        x=alt.X(f"{x}:{x_type}", title=x), y=y_enc, color=color_enc, tooltip=list(data.columns)
+        x=alt.X(f"{x}:{x_type}", title=x, axis=alt.Axis(labelAngle=0)),
+        y=y_enc,
+        color=color_enc,
+        tooltip=list(data.columns),
     )
     if rule is not None:
         layer = layer + alt.Chart(data).mark_rule(color="red", strokeDash=[4, 4]).encode(y=alt.datum(rule))
-    st.altair_chart(layer, width="stretch")
+    st.altair_chart(layer.properties(title=title), width="stretch")
 
 
-def bars(table: pa.Table, x: str, y: str, title: str, *, color: str | None = None, x_type: str = "N",
-         horizontal: bool = False, stack: bool = True) -> None:
+def bars(
+    table: pa.Table,
+    x: str,
+    y: str,
+    title: str,
+    *,
+    color: str | None = None,
+    x_type: str = "N",
+    horizontal: bool = False,
+    stack: bool = True,
+) -> None:
     """A bar chart, stacked by `color` when given."""
     data = frame(table)
-    x_enc = alt.X(f"{x}:{x_type}", title=x, sort=None)
+    x_enc = alt.X(f"{x}:{x_type}", title=x, sort=None, axis=alt.Axis(labelAngle=0))
     y_enc = alt.Y(f"{y}:Q", title=y, stack=stack or None)
     enc: dict[str, Any] = {"x": y_enc, "y": x_enc} if horizontal else {"x": x_enc, "y": y_enc}
     if color:
@@ -95,13 +115,20 @@ def bars(table: pa.Table, x: str, y: str, title: str, *, color: str | None = Non
 
 
 def area(table: pa.Table, x: str, y: str, color: str, title: str, *, normalize: bool = False) -> None:
-    """A stacked area over time (shares when `normalize`)."""
+    """Stacked bars per time bucket (shares when `normalize`), readable even with a single bucket."""
     data = frame(table)
-    chart = alt.Chart(data, title=title).mark_area().encode(
-        x=alt.X(f"{x}:T", title=x),
-        y=alt.Y(f"{y}:Q", stack="normalize" if normalize else True, title="share" if normalize else y),
-        color=alt.Color(f"{color}:N"),
-        tooltip=list(data.columns),
+    times = data[x]
+    span_days = (times.max() - times.min()).days if len(times) else 0
+    data["time"] = times.dt.strftime("%m-%d %H:%M:%S" if span_days else "%H:%M:%S")
+    chart = (
+        alt.Chart(data, title=title)
+        .mark_bar()
+        .encode(
+            x=alt.X("time:O", title=f"{x} (UTC)", axis=alt.Axis(labelAngle=-45 if len(data) > 12 else 0)),
+            y=alt.Y(f"{y}:Q", stack="normalize" if normalize else True, title="share" if normalize else y),
+            color=alt.Color(f"{color}:N"),
+            tooltip=[c for c in data.columns if c != x],
+        )
     )
     st.altair_chart(chart, width="stretch")
 

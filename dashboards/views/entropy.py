@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import streamlit as st
-
 from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame, line
 
 
@@ -14,7 +13,10 @@ def render(ctx: PageContext) -> None:
     cols = st.columns(2)
     latest = rollout.to_pylist()[-1] if rollout.num_rows else None
     cols[0].metric("Rollout entropy estimate (latest version)", fmt(latest and latest["entropy"]))
-    cols[1].metric("Trainer entropy (latest step)", fmt(trainer.column("entropy")[-1].as_py() if trainer.num_rows else None))
+    cols[1].metric(
+        "Trainer entropy (latest step)",
+        fmt(trainer.column("entropy")[-1].as_py() if trainer.num_rows else None),
+    )
     left, right = st.columns(2)
     with left:
         if rollout.num_rows:
@@ -25,5 +27,7 @@ def render(ctx: PageContext) -> None:
         if trainer.num_rows:
             line(trainer, "step", "entropy", "Trainer-reported entropy per step")
         else:
-            empty_state("trainer steps", "The trainer writes `trainer_steps` once it starts; this chart fills then.")
+            empty_state(
+                "trainer steps", "The trainer writes `trainer_steps` once it starts; this chart fills then."
+            )
     st.dataframe(frame(rollout), hide_index=True, key="entropy_table")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import streamlit as st
-
 from trajlake.dashboards.views.common import PageContext, area, bars, empty_state, frame
 
 
@@ -18,12 +17,28 @@ def render(ctx: PageContext) -> None:
             totals[r["origin"]] = totals.get(r["origin"], 0) + r["n_trajectories"]
         n = sum(totals.values())
         cols = st.columns(3)
-        cols[0].metric("System failures", f"{totals.get('system', 0):,}", f"{totals.get('system', 0) / n:.1%} of finished",
-                       delta_color="off")
-        cols[1].metric("Model failures", f"{totals.get('model', 0):,}", f"{totals.get('model', 0) / n:.1%} of finished",
-                       delta_color="off")
+        cols[0].metric(
+            "System failures",
+            f"{totals.get('system', 0):,}",
+            f"{totals.get('system', 0) / n:.1%} of finished",
+            delta_color="off",
+            delta_arrow="off",
+        )
+        cols[1].metric(
+            "Model failures",
+            f"{totals.get('model', 0):,}",
+            f"{totals.get('model', 0) / n:.1%} of finished",
+            delta_color="off",
+            delta_arrow="off",
+        )
         cols[2].metric("Finished", f"{n:,}")
-        area(over_time, "bucket_start", "n_trajectories", "origin", "Outcomes over time (system vs model failure)")
+        area(
+            over_time,
+            "bucket_start",
+            "n_trajectories",
+            "origin",
+            "Outcomes over time (system vs model failure)",
+        )
     left, right = st.columns(2)
     with left:
         by_label = ctx.metric("failures_by", ctx.run_id, "label", ctx.versions)
@@ -34,15 +49,31 @@ def render(ctx: PageContext) -> None:
     with right:
         by_env = ctx.metric("failures_by", ctx.run_id, "environment", ctx.versions)
         if by_env.num_rows:
-            bars(by_env, "environment", "n_trajectories", "Failures by environment", color="origin", horizontal=True)
+            bars(
+                by_env,
+                "environment",
+                "n_trajectories",
+                "Failures by environment",
+                color="origin",
+                horizontal=True,
+            )
     tools = ctx.metric("tool_failures", ctx.run_id, ctx.versions)
     if tools.num_rows:
-        bars(tools, "tool_name", "n_calls", "Failed tool calls by tool and error type", color="error_type", horizontal=True)
+        bars(
+            tools,
+            "tool_name",
+            "n_calls",
+            "Failed tool calls by tool and error type",
+            color="error_type",
+            horizontal=True,
+        )
     st.subheader("Dead letters")
     reasons = ctx.metric("dead_letter_reasons", ctx.run_id)
     if reasons.num_rows:
         st.metric("Dead letters", f"{sum(reasons.column('n_dead_letters').to_pylist()):,}")
         st.dataframe(frame(reasons), hide_index=True, key="dead_letter_reasons")
-        st.dataframe(frame(ctx.metric("recent_dead_letters", ctx.run_id)), hide_index=True, key="dead_letters")
+        st.dataframe(
+            frame(ctx.metric("recent_dead_letters", ctx.run_id)), hide_index=True, key="dead_letters"
+        )
     else:
         st.success("No dead letters: every event of this run passed validation.")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import streamlit as st
-
 from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame, line
 
 
@@ -28,8 +27,13 @@ def render(ctx: PageContext) -> None:
 
     left, right = st.columns(2)
     with left:
-        line(by_version, "policy_version", ["reward_mean", "pass_at_1"], "Reward and pass@1 by policy version",
-             x_type="O")
+        line(
+            by_version,
+            "policy_version",
+            ["reward_mean", "pass_at_1"],
+            "Reward and pass@1 by policy version",
+            x_type="O",
+        )
     with right:
         if curve.num_rows:
             line(curve, "k", "pass_at_k", "pass@k (unbiased estimator, averaged over tasks)", x_type="O")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 import streamlit as st
-
 from trajlake.dashboards.views.common import PageContext, frame
 
 MAX_ROWS_SHOWN = 10_000
@@ -20,8 +19,10 @@ def default_query(run_id: str) -> str:
 
 def render(ctx: PageContext) -> None:
     st.header("SQL console")
-    st.caption("Read-only DuckDB over every table: events, trajectories, turns, tool_calls, dead_letters, "
-               "policy_versions, trainer_steps, batch_consumption. Statements that write are refused.")
+    st.caption(
+        "Read-only DuckDB over every table: events, trajectories, turns, tool_calls, dead_letters, "
+        "policy_versions, trainer_steps, batch_consumption. Statements that write are refused."
+    )
     sql = st.text_area("Query", default_query(ctx.run_id), height=140, key="sql_query")
     if st.button("Run", type="primary", key="sql_run") or "sql_result" not in st.session_state:
         st.session_state["sql_result"] = run_query(ctx, sql)
@@ -37,7 +38,6 @@ def render(ctx: PageContext) -> None:
 def run_query(ctx: PageContext, sql: str) -> pa.Table | str:
     """The query's result, or the error message to show (refused writes, unknown columns, …)."""
     import duckdb
-
     from trajlake.store.errors import LakeError
 
     try:

@@ -27,6 +27,15 @@ from trajlake.ingest.spool import Spool
 
 log = logging.getLogger(__name__)
 
+try:  # producer metrics land in the default registry of whatever process serves /metrics
+    from prometheus_client import Counter, Gauge
+
+    SPOOLED = Counter("trajlake_producer_spooled_messages", "Messages spooled to disk while Kafka was unreachable")
+    REDELIVERED = Counter("trajlake_producer_redelivered_messages", "Spooled messages delivered later")
+    WAITING = Gauge("trajlake_producer_spool_waiting_messages", "Messages waiting in the disk spool")
+except ImportError:  # pragma: no cover - prometheus-client is in the kafka extra
+    SPOOLED = REDELIVERED = WAITING = None
+
 PartitionCallback = Callable[[list[int]], None]
 
 
@@ -41,6 +50,8 @@ class KafkaBus(Bus):
         self._spool: Spool | None = None
         self._inflight: dict[int, Message] = {}
         self._lock = threading.Lock()
+        self._acked = threading.Condition(self._lock)
+        self._inflight_bytes = 0
         self._last_retry = 0.0
         self._outage_since: float | None = None
         self.on_assigned: PartitionCallback | None = None
@@ -64,7 +75,6 @@ class KafkaBus(Bus):
                 compression_type=c.compression_type(),
                 linger_ms=c.linger_ms,
                 batch_size=c.batch_bytes,
-                buffer_memory=c.buffer_memory_bytes,
                 max_request_size=c.max_message_bytes + 64 * 1024,
                 delivery_timeout_ms=int(c.delivery_timeout_s * 1000),
                 request_timeout_ms=min(30_000, int(c.delivery_timeout_s * 1000) - 1),
@@ -76,7 +86,11 @@ class KafkaBus(Bus):
         if self._spool is None:
             self._spool = Spool(self.config.spool_dir / self.topic, self.config.spool_max_bytes)
             if len(self._spool):
-                log.warning("found %d undelivered messages in %s; delivering them first", len(self._spool), self._spool.directory)
+                log.warning(
+                    "found %d undelivered messages in %s; delivering them first",
+                    len(self._spool),
+                    self._spool.directory,
+                )
         return self._spool
 
     def publish(self, events: Sequence[Mapping[str, Any]]) -> int:
@@ -106,6 +120,9 @@ class KafkaBus(Bus):
     def _send_now(self, message: Message) -> None:
         from kafka.errors import KafkaError
 
+        if not self._reserve(len(message.value)):
+            self._spool_message(message, TimeoutError(f"{self._inflight_bytes} bytes unacknowledged"))
+            return
         try:
             producer = self._ensure_producer()
             future = producer.send(
@@ -114,7 +131,8 @@ class KafkaBus(Bus):
                 key=message.key.encode() if message.key is not None else None,
                 headers=[(k, v.encode()) for k, v in message.headers.items()],
             )
-        except KafkaError as err:  # buffer full or no metadata within max_block_s
+        except KafkaError as err:  # no metadata within max_block_s: the broker is unreachable
+            self._release(len(message.value))
             self._spool_message(message, err)
             return
         token = id(message)
@@ -123,14 +141,37 @@ class KafkaBus(Bus):
         future.add_callback(self._on_delivered, token)
         future.add_errback(self._on_failed, token)
 
+    def _reserve(self, size: int) -> bool:
+        """Count `size` bytes as unacknowledged, waiting up to max_block_s for room in the budget."""
+        deadline = time.monotonic() + self.config.max_block_s
+        with self._acked:
+            while self._inflight_bytes and self._inflight_bytes + size > self.config.buffer_memory_bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._acked.wait(left)
+            self._inflight_bytes += size
+            return True
+
+    def _release(self, size: int) -> None:
+        with self._acked:
+            self._inflight_bytes -= size
+            self._acked.notify_all()
+
     def _on_delivered(self, token: int, _metadata: Any) -> None:
-        with self._lock:
-            self._inflight.pop(token, None)
+        with self._acked:
+            message = self._inflight.pop(token, None)
+            if message is not None:
+                self._inflight_bytes -= len(message.value)
             self.sent_total += 1
+            self._acked.notify_all()
 
     def _on_failed(self, token: int, err: Exception) -> None:
-        with self._lock:
+        with self._acked:
             message = self._inflight.pop(token, None)
+            if message is not None:
+                self._inflight_bytes -= len(message.value)
+            self._acked.notify_all()
         if message is not None:
             self._spool_message(message, err)
 
@@ -140,9 +181,15 @@ class KafkaBus(Bus):
             self._outage_since = time.monotonic()
             log.warning(
                 "Kafka at %s unreachable (%s: %s); spooling messages to %s until it answers",
-                self.config.bootstrap, type(err).__name__, err, spool.directory,
+                self.config.bootstrap,
+                type(err).__name__,
+                err,
+                spool.directory,
             )
         spool.put(message)
+        if SPOOLED is not None:
+            SPOOLED.inc()
+            WAITING.set(len(spool))
 
     def _maybe_retry_spool(self, force: bool = False) -> None:
         spool = self._spool
@@ -183,12 +230,17 @@ class KafkaBus(Bus):
                 delivered.append(size)
             spool.pop(delivered)
             self.sent_total += len(delivered)
+            if REDELIVERED is not None:
+                REDELIVERED.inc(len(delivered))
+                WAITING.set(len(spool))
             if len(delivered) < len(batch):
                 return
         if self._outage_since is not None:
             log.warning(
                 "Kafka at %s reachable again; delivered %d spooled messages after %.1f s",
-                self.config.bootstrap, spool.delivered_total, time.monotonic() - self._outage_since,
+                self.config.bootstrap,
+                spool.delivered_total,
+                time.monotonic() - self._outage_since,
             )
             self._outage_since = None
 
@@ -213,7 +265,12 @@ class KafkaBus(Bus):
         s = self._spool
         if s is None:
             return {"messages": 0, "bytes": 0, "spooled_total": 0, "delivered_total": 0}
-        return {"messages": s.messages, "bytes": s.bytes, "spooled_total": s.spooled_total, "delivered_total": s.delivered_total}
+        return {
+            "messages": s.messages,
+            "bytes": s.bytes,
+            "spooled_total": s.spooled_total,
+            "delivered_total": s.delivered_total,
+        }
 
     # -- consumer ------------------------------------------------------------------------
     def _ensure_consumer(self) -> Any:
@@ -224,6 +281,7 @@ class KafkaBus(Bus):
             self._consumer = KafkaConsumer(
                 **c.client_kwargs(),
                 group_id=c.group_id,
+                group_instance_id=c.group_instance_id,
                 enable_auto_commit=False,  # positions live in the Delta log
                 auto_offset_reset="earliest",
                 max_poll_records=c.max_poll_records,
@@ -282,7 +340,6 @@ class KafkaBus(Bus):
 
     def lag(self) -> dict[int, int]:
         """Messages behind the end of each assigned partition."""
-        from kafka import TopicPartition
 
         consumer = self._ensure_consumer()
         tps = [tp for tp in consumer.assignment() if tp.topic == self.topic]
@@ -306,7 +363,11 @@ class KafkaBus(Bus):
             self._consumer = None
         if self._spool is not None:
             if len(self._spool):
-                log.warning("%d messages left undelivered in %s; the next producer delivers them", len(self._spool), self._spool.directory)
+                log.warning(
+                    "%d messages left undelivered in %s; the next producer delivers them",
+                    len(self._spool),
+                    self._spool.directory,
+                )
             self._spool.close()
             self._spool = None
 
@@ -344,7 +405,12 @@ def create_topic(config: KafkaConfig, topic: str | None = None, partitions: int 
     admin = KafkaAdminClient(**config.client_kwargs())
     try:
         admin.create_topics(
-            {topic or config.topic: {"num_partitions": partitions or config.partitions, "replication_factor": -1}},
+            {
+                topic or config.topic: {
+                    "num_partitions": partitions or config.partitions,
+                    "replication_factor": -1,
+                }
+            },
             wait_for_metadata=True,
         )
     except TopicAlreadyExistsError:

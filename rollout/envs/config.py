@@ -31,6 +31,7 @@ class EnvConfig(BaseModel):
     max_turns: int = Field(4, ge=1, le=64, description="Model turns per episode.")
     max_new_tokens: int = Field(4, ge=1, description="Tokens the model may sample per turn.")
     max_tool_output_tokens: int = Field(6, ge=1, description="Tool output beyond this many tokens is truncated.")
+    tool_latency_s: float = Field(0.005, ge=0, le=10, description="Mean simulated I/O latency of one tool call.")
     max_tool_attempts: int = Field(2, ge=1, description="Attempts per tool call when it times out (the first included).")
     nudge_threshold: float = Field(0.8, gt=0, le=1, description="Context fraction at which the nudge is appended, once.")
     max_string_len: int = Field(7, ge=2, le=12, description="Longest string of reverse/count tasks.")

@@ -16,13 +16,14 @@ from typing import Protocol
 from trajlake.rollout import taxonomy
 from trajlake.rollout.envs import vocab
 from trajlake.rollout.envs.config import EnvConfig
-from trajlake.rollout.envs.tasks import Task, verify
+from trajlake.rollout.envs.tasks import Task, reward_components
 from trajlake.rollout.envs.toolbox import call_arguments, make_runner, result_tokens
 from trajlake.rollout.recorder import Recorder, TrajectoryRecorder
 from trajlake.rollout.tools import ToolResult, ToolRunner
 
 ENVIRONMENT = "trajlake-demo-tools"
 HARNESS = "trajlake-demo-harness"
+VERIFIER = "exact_match+right_tool_credit"
 
 TRUNCATED_ANSWER = taxonomy.Failure("completed", taxonomy.SYSTEM, taxonomy.TOOL_DESIGN, reward_valid=False)
 """The answer was right but cut off by the tool's output budget: the tool's design, not the model."""
@@ -75,6 +76,7 @@ class Episode:
         self.context: list[int] = list(task.prompt_ids)
         self.appended: list[int] = list(task.prompt_ids)
         self.last_tool: ToolResult | None = None
+        self.used_right_tool = False
         self.result = result
 
     def run(self) -> EpisodeResult:
@@ -140,6 +142,7 @@ class Episode:
             if result.status != "timeout":
                 break
         self.last_tool = result
+        self.used_right_tool |= result.ok and tool_name == self.task.tool
         if result.status == "timeout":
             return TOOL_TIMED_OUT
         if result.error_type == "sandbox_crash":
@@ -151,25 +154,28 @@ class Episode:
 
     def _answer(self) -> EpisodeResult:
         if self.rng.random() < self.config.faults.verifier_error_rate:
-            self.traj.reward(None, verifier="exact_match", verifier_error="KeyError: 'expected' (verifier crashed)")
+            self.traj.reward(None, verifier=VERIFIER, verifier_error="KeyError: 'expected' (verifier crashed)")
             return self._finish(taxonomy.VERIFIER_FAILED, "the verifier crashed; no valid reward")
         tool = self.last_tool
         submitted = None
         if tool is not None and tool.ok:
             submitted = tuple(vocab.TOKENS[i] for i in tool.output_token_ids if i != vocab.TRUNCATED)
-        reward = verify(self.task, submitted)
-        self.result.reward = reward
-        self.traj.reward(reward, components={"correct": reward}, verifier="exact_match")
-        if reward > 0:
+        components = reward_components(self.task, submitted, self.used_right_tool)
+        self._reward(components)
+        if components["correct"] > 0:
             return self._finish(taxonomy.COMPLETED, None)
         if tool is not None and tool.truncated:
             return self._finish(TRUNCATED_ANSWER, "the answer was cut off by the tool output budget")
         return self._finish(taxonomy.Failure("completed", taxonomy.MODEL, taxonomy.MODEL_CAPABILITY), "wrong answer")
 
+    def _reward(self, components: dict[str, float]) -> None:
+        self.result.reward = sum(components.values())
+        self.traj.reward(self.result.reward, components=components, verifier=VERIFIER)
+
     def _finish(self, failure: taxonomy.Failure, message: str | None) -> EpisodeResult:
         if self.result.reward is None and failure.reward_valid:
-            self.result.reward = 0.0  # a model failure is a valid, trainable reward of 0
-            self.traj.reward(0.0, components={"correct": 0.0}, verifier="exact_match")
+            # a model failure is a valid, trainable reward (0, or the right-tool credit)
+            self._reward(reward_components(self.task, None, self.used_right_tool))
         self.traj.finish(failure.status, failure_origin=failure.origin, failure_label=failure.label, message=message)
         self.result.status, self.result.failure_origin, self.result.failure_label = failure.status, failure.origin, failure.label
         return self.result

@@ -70,6 +70,19 @@ def make_tasks(n: int, seed: int = 0, max_string_len: int = 7) -> list[Task]:
     return [make_task(i, rng, max_string_len) for i in range(n)]
 
 
+RIGHT_TOOL_CREDIT = 0.1
+"""Partial credit for a successful call of the right tool without a correct answer.
+
+It gives a policy trained from scratch a reward gradient toward the first half of the action
+sequence; a correct answer is worth ten times more, so the credit never competes with it."""
+
+
 def verify(task: Task, submitted: tuple[str, ...] | None) -> float:
     """Exact-match verifier: 1.0 when the submitted tokens equal the answer, else 0.0."""
     return 1.0 if submitted is not None and tuple(submitted) == task.answer else 0.0
+
+
+def reward_components(task: Task, submitted: tuple[str, ...] | None, used_right_tool: bool) -> dict[str, float]:
+    """The reward's parts: `correct` (exact match) and `right_tool` (partial credit when not correct)."""
+    correct = verify(task, submitted)
+    return {"correct": correct, "right_tool": RIGHT_TOOL_CREDIT if used_right_tool and not correct else 0.0}

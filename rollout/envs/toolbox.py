@@ -58,12 +58,19 @@ def make_tools(config: EnvConfig, rng: random.Random, lock: threading.Lock | Non
         with lock:  # tools run on the runner's threads; the episode's rng is not thread-safe
             return rng.random() < rate
 
+    def wait_for_io() -> None:
+        with lock:
+            delay = rng.uniform(0.5, 1.5) * config.tool_latency_s
+        threading.Event().wait(delay)
+
     def calc(expression: str) -> str:
+        wait_for_io()
         if draw(faults.tool_timeout_rate):
             threading.Event().wait(_HANG_S)  # the calculator service does not answer in time
         return _calc(expression)
 
     def python(code: str) -> str:
+        wait_for_io()
         if draw(faults.sandbox_crash_rate):
             raise SandboxError("sandbox process was killed (exit 137)", stage="exec", retryable=False)
         if draw(faults.missing_dependency_rate):

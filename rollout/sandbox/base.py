@@ -92,7 +92,9 @@ def sandbox_tool(sandbox: Sandbox, name: str = "bash", *, timeout_s: float | Non
     def run(command: str) -> str:
         result = sandbox.exec(command, timeout_s=timeout_s)
         if result.timed_out:
-            raise SandboxTimeout(f"command timed out after {timeout_s or sandbox.config.exec_timeout_s:g}s", stage="exec")
+            raise SandboxTimeout(
+                f"command timed out after {timeout_s or sandbox.config.exec_timeout_s:g}s", stage="exec"
+            )
         out = result.stdout + (f"\n[stderr]\n{result.stderr}" if result.stderr else "")
         return out if result.exit_code == 0 else f"{out}\n[exit code {result.exit_code}]"
 

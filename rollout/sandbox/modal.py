@@ -20,14 +20,18 @@ def _import_modal() -> ModuleType:
     try:
         import modal
     except ImportError as err:
-        raise SandboxError("the modal backend needs `pip install trajlake[modal]`", stage="create", retryable=False) from err
+        raise SandboxError(
+            "the modal backend needs `pip install trajlake[modal]`", stage="create", retryable=False
+        ) from err
     return modal
 
 
 class ModalSandbox(Sandbox):
     """A Modal sandbox created on construction; `modal_module` lets tests inject a stand-in."""
 
-    def __init__(self, config: SandboxConfig | None = None, *, modal_module: ModuleType | Any | None = None) -> None:
+    def __init__(
+        self, config: SandboxConfig | None = None, *, modal_module: ModuleType | Any | None = None
+    ) -> None:
         super().__init__(config or SandboxConfig(type="modal"))
         self.modal = modal_module or _import_modal()
         self.terminated = False
@@ -36,7 +40,11 @@ class ModalSandbox(Sandbox):
     def _create(self) -> Any:
         app = self.modal.App.lookup(self.config.app_name, create_if_missing=True)
         image = self.modal.Image.from_registry(self.config.image)
-        kwargs: dict[str, Any] = {"app": app, "image": image, "timeout": int(self.config.create_timeout_s + 3600)}
+        kwargs: dict[str, Any] = {
+            "app": app,
+            "image": image,
+            "timeout": int(self.config.create_timeout_s + 3600),
+        }
         if self.config.workdir:
             kwargs["workdir"] = self.config.workdir
         return self.modal.Sandbox.create(**kwargs)
@@ -55,7 +63,9 @@ class ModalSandbox(Sandbox):
                 process.stdin.drain()
             code = process.wait()
             code = process.returncode if code is None else code
-            return ExecResult(code, process.stdout.read(), process.stderr.read(), False, time.monotonic() - started)
+            return ExecResult(
+                code, process.stdout.read(), process.stderr.read(), False, time.monotonic() - started
+            )
 
         try:
             # a little slack over Modal's own limit, which should fire first and kill the process

@@ -37,7 +37,9 @@ def test_pass_at_k_stays_exact_where_the_naive_float_formula_loses_digits():
     assert pass_at_k(1000, 1, 500) == 0.5
 
 
-@pytest.mark.parametrize(("n", "c", "k"), [(0, 0, 1), (4, 5, 1), (4, 1, 0), (4, 1, 5)], ids=["n0", "c_gt_n", "k0", "k_gt_n"])
+@pytest.mark.parametrize(
+    ("n", "c", "k"), [(0, 0, 1), (4, 5, 1), (4, 1, 0), (4, 1, 5)], ids=["n0", "c_gt_n", "k0", "k_gt_n"]
+)
 def test_pass_at_k_rejects_impossible_inputs_with_the_rule(n, c, k):
     with pytest.raises(ValueError, match=r"need n >= 1|k must be between"):
         pass_at_k(n, c, k)

@@ -7,6 +7,7 @@ The completions server answers like vLLM 0.11 (OpenAI-compatible `/v1/completion
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -21,6 +22,11 @@ import pytest
 VLLM_VERSION_FOLLOWED = "0.11.0"
 
 
+def token_logprob(token: int) -> float:
+    """The fake model's logprob of a token: a function of the token alone, so re-scoring agrees."""
+    return -0.001 - 0.01 * (token % 50)
+
+
 def sampled_ids(prompt: list[int], n: int, vocab: int = 50_000) -> list[int]:
     """The fake model's deterministic output for a prompt (ids any tokenizer would mangle)."""
     seed = sum(prompt) * 31 + len(prompt)
@@ -33,7 +39,9 @@ class FakeVllm:
 
     url: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
-    failures: list[tuple[int, dict[str, str]]] = field(default_factory=list)  # (status, headers) to answer first
+    failures: list[tuple[int, dict[str, str]]] = field(
+        default_factory=list
+    )  # (status, headers) to answer first
     delay_s: float = 0.0
     max_model_len: int = 4096
     legacy: bool = False  # answer like vLLM 0.6-0.10.1: no token_ids/prompt_token_ids fields
@@ -51,6 +59,8 @@ class FakeVllm:
             status, headers = self.failures.pop(0)
             return status, headers, {"object": "error", "message": "temporarily unavailable", "code": status}
         prompt = body["prompt"]
+        if isinstance(prompt, str):
+            prompt = [ord(c) for c in prompt]
         max_tokens = body.get("max_tokens", 16)
         if len(prompt) + max_tokens > self.max_model_len:
             message = (
@@ -58,10 +68,20 @@ class FakeVllm:
                 f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, {max_tokens} in the completion). "
                 "Please reduce the length of the messages or completion."
             )
-            return 400, {}, {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return (
+                400,
+                {},
+                {
+                    "object": "error",
+                    "message": message,
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                },
+            )
         n = max_tokens if self.eos_after is None else min(max_tokens, self.eos_after)
         ids = sampled_ids(prompt, n)
-        logprobs = [-0.05 * ((i % 5) + 1) for i in range(n)]
+        logprobs = [token_logprob(t) for t in ids]
         tokens = [f"token_id:{t}" for t in ids]
         choice: dict[str, Any] = {
             "index": 0,
@@ -76,6 +96,11 @@ class FakeVllm:
             "stop_reason": None,
             "prompt_logprobs": None,
         }
+        if body.get("prompt_logprobs") is not None:
+            choice["prompt_logprobs"] = [None] + [
+                {str(t): {"logprob": token_logprob(t), "rank": 1, "decoded_token": f"<{t}>"}}
+                for t in prompt[1:]
+            ]
         if not self.legacy and body.get("return_token_ids"):
             choice["prompt_token_ids"] = prompt
             choice["token_ids"] = ids
@@ -110,10 +135,8 @@ class _JsonHandler(BaseHTTPRequestHandler):
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client cancelled
             self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client cancelled
 
     def _body(self) -> dict[str, Any]:
         return json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
@@ -125,7 +148,27 @@ def fake_vllm() -> Iterator[FakeVllm]:
     state = FakeVllm()
 
     class Handler(_JsonHandler):
+        def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self._reply(
+                    200,
+                    {},
+                    {
+                        "object": "list",
+                        "data": [{"id": "tiny", "object": "model", "max_model_len": state.max_model_len}],
+                    },
+                )
+            elif self.path == "/version":
+                self._reply(200, {}, {"version": state.vllm_version})
+            else:
+                self._reply(404, {}, {"detail": "Not Found"})
+
         def do_POST(self) -> None:
+            if self.path == "/tokenize":  # vLLM's /tokenize: text -> ids (the fake uses code points)
+                body = self._body()
+                ids = ([1] if body.get("add_special_tokens", True) else []) + [ord(c) for c in body["prompt"]]
+                self._reply(200, {}, {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids})
+                return
             if self.path != "/v1/completions":
                 self._reply(404, {}, {"detail": "Not Found"})
                 return
@@ -167,14 +210,30 @@ def fake_judge() -> Iterator[FakeJudge]:
                 if left > 0:
                     state.limited_times[key] = left - 1
             if limited:
-                self._reply(429, {"retry-after": "0"}, {"error": {"message": "Rate limit reached", "type": "rate_limit"}})
+                self._reply(
+                    429,
+                    {"retry-after": "0"},
+                    {"error": {"message": "Rate limit reached", "type": "rate_limit"}},
+                )
                 return
             question = body["messages"][-1]["content"]
             verdict = "PASS" if "correct" in question else "FAIL"
-            self._reply(200, {}, {
-                "id": "chatcmpl-1", "object": "chat.completion", "model": body.get("model"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": verdict}, "finish_reason": "stop"}],
-            })
+            self._reply(
+                200,
+                {},
+                {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "model": body.get("model"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": verdict},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                },
+            )
 
     server, state.url = _serve(Handler)
     yield state

@@ -13,7 +13,6 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-
 from trajlake.rollout.config import SandboxConfig
 from trajlake.rollout.errors import SandboxTimeout
 from trajlake.rollout.sandbox import setup_sandbox
@@ -26,7 +25,12 @@ def test_local_sandbox_runs_commands_in_its_own_directory():
         box.exec("echo data > f.txt")
         result = box.exec("cat f.txt; echo oops >&2; exit 3")
         workdir = box.workdir
-    assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (3, "data\n", "oops\n", False)
+    assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (
+        3,
+        "data\n",
+        "oops\n",
+        False,
+    )
     assert not __import__("os").path.exists(workdir)
 
 
@@ -58,8 +62,14 @@ class _Process:
     def wait(self) -> int:
         if self.hang is not None:
             self.hang.wait(30)
-        done = subprocess.run(list(self.args), capture_output=True, text=True, timeout=self.timeout, check=False)
-        self.stdout, self.stderr, self.returncode = _Stream(done.stdout), _Stream(done.stderr), done.returncode
+        done = subprocess.run(
+            list(self.args), capture_output=True, text=True, timeout=self.timeout, check=False
+        )
+        self.stdout, self.stderr, self.returncode = (
+            _Stream(done.stdout),
+            _Stream(done.stderr),
+            done.returncode,
+        )
         return done.returncode
 
 
@@ -87,7 +97,9 @@ class FakeModal(SimpleNamespace):
         self.calls: list[tuple] = []
         self.hang: dict[str, threading.Event] = {}
         owner = self
-        self.App = SimpleNamespace(lookup=lambda name, create_if_missing: owner.calls.append(("app", name)) or f"app:{name}")
+        self.App = SimpleNamespace(
+            lookup=lambda name, create_if_missing: owner.calls.append(("app", name)) or f"app:{name}"
+        )
         self.Image = SimpleNamespace(from_registry=lambda ref: f"image:{ref}")
 
         def create(**kwargs):
@@ -108,7 +120,9 @@ def fake_modal():
 
 
 def modal_config(**kw) -> SandboxConfig:
-    return SandboxConfig(type="modal", create_timeout_s=0.5, exec_timeout_s=0.5, terminate_timeout_s=0.5, **kw)
+    return SandboxConfig(
+        type="modal", create_timeout_s=0.5, exec_timeout_s=0.5, terminate_timeout_s=0.5, **kw
+    )
 
 
 def test_modal_sandbox_creates_runs_and_terminates_through_the_modal_api(fake_modal):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from trajlake.rollout.config import RetryConfig, TitoConfig
 from trajlake.rollout.errors import Cancelled, InferenceError, InferenceResponseError
 from trajlake.rollout.tito import ContextLengthExceeded, TitoClient, parse_choice
@@ -14,7 +13,9 @@ FAST_RETRY = RetryConfig(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0
 
 
 def client_for(server, **overrides) -> TitoClient:
-    return TitoClient(TitoConfig(**{"base_url": server.url, "model": "tiny", "retry": FAST_RETRY, **overrides}))
+    return TitoClient(
+        TitoConfig(**{"base_url": server.url, "model": "tiny", "retry": FAST_RETRY, **overrides})
+    )
 
 
 def test_the_prompt_goes_out_as_ids_and_ids_come_back(fake_vllm):
@@ -48,7 +49,7 @@ def test_retryable_statuses_are_retried_until_the_server_answers(fake_vllm, stat
 
 def test_retries_give_up_after_max_attempts_with_the_reason(fake_vllm):
     fake_vllm.failures = [(503, {})] * 10
-    with pytest.raises(InferenceError, match="HTTP 503.*gave up after 4 attempts"):
+    with pytest.raises(InferenceError, match=r"HTTP 503.*gave up after 4 attempts"):
         client_for(fake_vllm).complete([5], max_tokens=3)
     assert len(fake_vllm.requests) == 4
 
@@ -104,7 +105,10 @@ def test_cancel_stops_the_backoff_between_retries(fake_vllm):
         ({"logprobs": None}, "no token ids"),
         ({"token_ids": [1, 2], "logprobs": {"token_logprobs": [-0.1]}}, "one logprob per output token"),
         ({"token_ids": [1], "logprobs": {"tokens": ["token_id:2"], "token_logprobs": [-0.1]}}, "disagree"),
-        ({"token_ids": [1], "prompt_token_ids": [9, 9], "logprobs": {"token_logprobs": [-0.1]}}, "re-tokenised"),
+        (
+            {"token_ids": [1], "prompt_token_ids": [9, 9], "logprobs": {"token_logprobs": [-0.1]}},
+            "re-tokenised",
+        ),
     ],
     ids=["text-tokens", "no-ids", "short-logprobs", "ids-disagree", "prompt-changed"],
 )
@@ -141,7 +145,9 @@ def test_a_trajectory_driven_through_the_client_stores_exactly_the_returned_ids(
     for t, lps in zip(turns, logprobs, strict=True):
         assert t["output_logprobs"] == pytest.approx(lps, abs=1e-6)  # float32 storage
     assert not any(t["tito_drift"] for t in turns)
-    row = lake.sql("select token_ids, tito_drift, n_turns from trajectories where run_id = 'tito-run'").to_pylist()[0]
+    row = lake.sql(
+        "select token_ids, tito_drift, n_turns from trajectories where run_id = 'tito-run'"
+    ).to_pylist()[0]
     expected = prompt + outputs[0] + [11, 12, 13] + outputs[1] + [11, 12, 13] + outputs[2]
     assert row["token_ids"] == expected
     assert row["n_turns"] == 3 and row["tito_drift"] is False

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
 from trajlake.rollout.recorder import Recorder
 
 CORPUS = [
@@ -60,11 +59,17 @@ def test_retokenised_history_is_flagged_as_tito_drift(lake, bus, drain, lossy_to
     drain()
     rows = {
         r["trajectory_id"]: r
-        for r in lake.sql("select trajectory_id, tito_drift, n_drift_turns from trajectories where run_id = 'drift-run'").to_pylist()
+        for r in lake.sql(
+            "select trajectory_id, tito_drift, n_drift_turns from trajectories where run_id = 'drift-run'"
+        ).to_pylist()
     }
     assert rows[clean]["tito_drift"] is False
     assert rows[drifted]["tito_drift"] is True and rows[drifted]["n_drift_turns"] == 1
-    flagged = lake.sql(
-        f"select turn_index from turns where trajectory_id = '{drifted}' and tito_drift order by turn_index"
-    ).column("turn_index").to_pylist()
+    flagged = (
+        lake.sql(
+            f"select turn_index from turns where trajectory_id = '{drifted}' and tito_drift order by turn_index"
+        )
+        .column("turn_index")
+        .to_pylist()
+    )
     assert flagged == [1]

@@ -6,7 +6,6 @@ import json
 import time
 
 import pytest
-
 from trajlake.rollout import taxonomy
 from trajlake.rollout.config import SandboxConfig, ToolRunnerConfig
 from trajlake.rollout.sandbox import sandbox_tool
@@ -38,7 +37,12 @@ def encode_words(text: str) -> list[int]:
 @pytest.fixture
 def runner():
     r = ToolRunner(
-        [Tool("add", add), Tool("sleepy", sleepy, timeout_s=0.2), Tool("broken", broken), Tool("words", words)],
+        [
+            Tool("add", add),
+            Tool("sleepy", sleepy, timeout_s=0.2),
+            Tool("broken", broken),
+            Tool("words", words),
+        ],
         ToolRunnerConfig(max_output_tokens=10, max_malformed_retries=2),
         encode=encode_words,
     )
@@ -77,7 +81,10 @@ def test_long_output_is_truncated_to_the_token_budget_and_marked(runner):
     ("raw", "says"),
     [
         ('{"name": "add", "arguments": {"a": 1,', "not valid JSON"),
-        ({"name": "multiply", "arguments": {}}, "unknown tool 'multiply'; available tools: add, broken, sleepy, words"),
+        (
+            {"name": "multiply", "arguments": {}},
+            "unknown tool 'multiply'; available tools: add, broken, sleepy, words",
+        ),
         ({"name": "add", "arguments": {"a": 1}}, "bad arguments for 'add'"),
         ({"arguments": {}}, 'string "name"'),
     ],
@@ -104,7 +111,11 @@ def test_too_many_malformed_calls_in_a_row_end_as_a_model_failure(runner):
         runner.call("nonsense")
     assert runner.should_give_up
     fields = runner.give_up_fields()
-    assert (fields["status"], fields["failure_origin"], fields["failure_label"]) == ("error", "model", "tool_design")
+    assert (fields["status"], fields["failure_origin"], fields["failure_label"]) == (
+        "error",
+        "model",
+        "tool_design",
+    )
 
 
 @pytest.mark.parametrize("threshold", [0.8, 0.5], ids=["default-80pct", "configured-50pct"])
@@ -138,11 +149,29 @@ def test_a_sandboxed_code_tool_is_flagged_and_its_timeout_kills_the_process(tmp_
         ("VerifierTimeoutError", "", ("error", "system", "verifier_error", False)),
         ("RateLimitError", "", ("error", "system", "infra", False)),
         ("AgentTimeoutError", "", ("timeout", "model", "model_capability", True)),
-        ("BadRequestError", "This model's maximum context length is 8192", ("context_exhausted", "model", "model_capability", True)),
+        (
+            "BadRequestError",
+            "This model's maximum context length is 8192",
+            ("context_exhausted", "model", "model_capability", True),
+        ),
         ("SomethingNew", "boom", ("error", "system", "harness_behavior", False)),
     ],
-    ids=["context", "reward-file", "verifier-timeout", "rate-limit", "agent-timeout", "context-by-message", "unknown"],
+    ids=[
+        "context",
+        "reward-file",
+        "verifier-timeout",
+        "rate-limit",
+        "agent-timeout",
+        "context-by-message",
+        "unknown",
+    ],
 )
 def test_exceptions_map_onto_the_failure_taxonomy(name, message, expected):
     f = taxonomy.classify_exception_name(name, message)
     assert (f.status, f.origin, f.label, f.reward_valid) == expected
+
+
+def test_hung_calls_do_not_starve_the_calls_after_them(runner):
+    for _ in range(5):
+        assert runner.call({"name": "sleepy", "arguments": {"seconds": 3}}).status == "timeout"
+    assert runner.call({"name": "add", "arguments": {"a": 1, "b": 1}}).output == "2"

@@ -54,6 +54,8 @@ def test_ppo_clipped_tokens_get_no_gradient():
     logp = (rollout + t([[math.log(1.5), math.log(1.1)]])).requires_grad_()
     L.ppo_clip_loss(logp, rollout, t([1.0])).token_loss.sum().backward()
     assert logp.grad[0, 0] == 0
+    out = L.ppo_clip_loss(logp, rollout, t([1.0]))
+    assert out.masked.tolist() == out.clipped.tolist() == [[True, False]]
     assert logp.grad[0, 1].item() == pytest.approx(-1.1, abs=1e-5)  # d(-r·A)/dlogπ = -r·A
 
 
@@ -88,6 +90,7 @@ def test_glm5_truncates_the_ratio_but_keeps_every_gradient():
     out.token_loss.sum().backward()
     assert torch.allclose(logp.grad, t([[-1.28, -0.8, -1.1]]), atol=1e-5)
     assert out.clipped.tolist() == [[True, True, False]]
+    assert not out.masked.any()  # truncated, never zeroed
 
 
 def test_tis_weights_are_capped_and_detached():
@@ -154,3 +157,13 @@ def test_aggregate_loss_is_differentiable_and_ignores_unmasked_tokens():
 def test_unknown_aggregation_names_the_modes():
     with pytest.raises(ValueError, match="prompt_mean"):
         L.aggregate_loss(LOSS, MASK, PROMPTS, "seq_mean_token_sum")
+
+
+@pytest.mark.parametrize("mode", L.AGGREGATION_MODES)
+def test_micro_batches_weighted_by_sequence_weights_sum_to_the_whole_batch_loss(mode):
+    counts = MASK.sum(dim=1)
+    weights = L.sequence_weights(counts, PROMPTS, mode)
+    parts = [
+        (LOSS[rows] * MASK[rows] * weights[rows].unsqueeze(1).float()).sum() for rows in ([0], [1, 2])
+    ]
+    assert sum(parts).item() == pytest.approx(L.aggregate_loss(LOSS, MASK, PROMPTS, mode).item())

@@ -88,3 +88,12 @@ def test_bad_inputs_name_the_fix():
         policy.generate([99], 3)
     with pytest.raises(ValueError, match="vocab_size must be >= 2"):
         TinyPolicy(1)
+
+
+def test_logprobs_and_entropy_in_one_pass_match_the_separate_calls():
+    policy = TinyPolicy(16, seed=0)
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    lps, ent = policy.logprobs_and_entropy(ids, mask)
+    assert torch.allclose(lps, policy.token_logprobs(ids, mask))
+    assert torch.allclose(ent, policy.entropy(ids, mask))

@@ -1,0 +1,30 @@
+# trajlake developer commands. `make help` lists them.
+VENV := $(shell scripts/venv.sh 2>/dev/null)
+PY := $(VENV)/bin/python
+
+.PHONY: help dev lint format test bench demo typecheck
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+dev:  ## create/refresh the cached virtualenv with every extra (prints its path)
+	@scripts/venv.sh
+
+lint:  ## ruff check + format check, mypy on the light packages
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy schemas store/lake.py store/sql.py store/projections.py ingest/codec.py rollout/recorder.py
+
+format:  ## apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test:  ## the README's test command: services + the whole suite
+	scripts/test.sh
+
+bench:  ## every benchmark in quick mode, figures under bench/results/
+	@mkdir -p bench/results
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b --quick --json bench/results/$$(basename $$b .py).json || exit 1; done
+
+demo:  ## the main job on the embedded default
+	$(VENV)/bin/trajlake demo

@@ -1,0 +1,238 @@
+"""Dashboard benchmark: each page's queries on a big lake, next to a plain DuckDB scan of its tables.
+
+Builds (or reuses, with --lake) a lake of 100k trajectories and ~3M turns with loadgen (small
+token counts: the pages never read token payloads, only the browser reads one trajectory's),
+plus trainer tables (consumed batches, per-rank steps). For every page it measures:
+  * queries: the metric functions the page calls, in a fresh process-wide Lake (first = cold,
+    the DuckDB views being registered; again = the same calls once more);
+  * scan: a plain DuckDB scan (max of every non-list column) of the stored tables the page reads,
+    in a fresh DuckDB connection over the same Parquet files; ratio = queries / scan;
+  * render: the whole page rendered by Streamlit's AppTest (queries, frames, Altair specs).
+Goal: every page under 2 s.
+
+    python bench/dashboard.py [--quick] [--json PATH] [--lake DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from trajlake.dashboards import metrics as m
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.rollout.recorder import Recorder
+from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
+from trajlake.store.lake import Lake
+
+RUN = "bench-dashboard"
+APP = Path(__file__).parents[1] / "dashboards" / "app.py"
+GOAL_S = 2.0
+
+Query = Callable[[Lake, dict[str, Any]], Any]
+
+PAGE_QUERIES: dict[str, tuple[list[str], list[Query]]] = {
+    # page: (stored tables it reads, the calls it makes) — mirrors dashboards/views/*.py
+    "sidebar": (["trajectories"], [lambda lake, s: m.runs(lake), lambda lake, s: m.policy_versions(lake, RUN)]),
+    "overview": (["trajectories"], [
+        lambda lake, s: m.overview_by_version(lake, RUN, None, 1.0),
+        lambda lake, s: m.pass_at_k_curve(lake, RUN, None, 1.0),
+    ]),
+    "entropy": (["turns", "trainer_steps"], [
+        lambda lake, s: m.rollout_entropy(lake, RUN, None),
+        lambda lake, s: m.trainer_entropy(lake, RUN),
+    ]),
+    "behaviour": (["trajectories", "tool_calls"], [
+        lambda lake, s: m.behaviour_by_version(lake, RUN, None),
+        lambda lake, s: m.turns_histogram(lake, RUN, None),
+        lambda lake, s: m.tool_stats(lake, RUN, None),
+    ]),
+    "failures": (["trajectories", "tool_calls", "dead_letters"], [
+        lambda lake, s: m.failures_over_time(lake, RUN, None),
+        lambda lake, s: m.failures_by(lake, RUN, "label", None),
+        lambda lake, s: m.failures_by(lake, RUN, "environment", None),
+        lambda lake, s: m.tool_failures(lake, RUN, None),
+        lambda lake, s: m.dead_letter_reasons(lake, RUN),
+        lambda lake, s: m.recent_dead_letters(lake, RUN),
+    ]),
+    "async": (["batch_consumption", "trainer_steps", "trajectories", "events"], [
+        lambda lake, s: m.staleness_distribution(lake, RUN),
+        lambda lake, s: m.logprob_mismatch(lake, RUN),
+        lambda lake, s: m.ingest_lag(lake, RUN),
+        lambda lake, s: m.buffer_composition(lake, RUN, "difficulty", "arrivals", 1.0),
+        lambda lake, s: m.buffer_composition(lake, RUN, "difficulty", "consumption", 1.0),
+    ]),
+    "browser": (["trajectories", "turns", "tool_calls", "events"], [
+        lambda lake, s: s.update(found=m.find_trajectories(lake, RUN, None, (), (), "", None)),
+        lambda lake, s: m.trajectory_summary(lake, RUN, s["found"].column("trajectory_id")[0].as_py()),
+        lambda lake, s: m.trajectory_tool_calls(lake, RUN, s["found"].column("trajectory_id")[0].as_py()),
+        lambda lake, s: m.trajectory_turns(lake, RUN, s["found"].column("trajectory_id")[0].as_py()),
+    ]),
+    "sql": (["trajectories"], [lambda lake, s: lake.sql(_default_query())]),
+}  # fmt: skip
+
+
+def _default_query() -> str:
+    from trajlake.dashboards.views.sql_console import default_query  # imports streamlit
+
+    return default_query(RUN)
+
+
+def build_lake(root: Path, trajectories: int, turns: int, chunk: int) -> dict[str, int]:
+    """loadgen → in-process bus → sink, in chunks (one topic each) so memory stays bounded."""
+    lake = Lake(root)
+    counts = {"trajectories": 0, "turns": 0, "events": 0}
+    for i, start in enumerate(range(0, trajectories, chunk)):
+        bus = InProcessBus(topic=f"bench-{i}", partitions=4)
+        config = LoadgenConfig(
+            trajectories=min(chunk, trajectories - start), run_id=RUN, turns=turns, max_turns=2 * turns,
+            prompt_tokens=8, output_tokens=4, env_tokens=2, policy_versions=10, group_size=16,
+            vocab_size=32_000, seed=i,
+        )  # fmt: skip
+        c = generate(bus, config)
+        DeltaSink(lake, bus, SinkConfig(max_rows=1_000_000, max_latency_s=30)).run(until_idle_s=0.5)
+        counts = {k: counts[k] + getattr(c, k) for k in counts}
+        print(f"  built {counts['trajectories']:,} trajectories, {counts['turns']:,} turns", flush=True)
+    add_trainer(lake, steps=max(10, trajectories // 200))
+    return counts
+
+
+def add_trainer(lake: Lake, steps: int, batch: int = 64, ranks: int = 8) -> None:
+    """Consumed batches (as events through the sink) and per-rank trainer steps."""
+    ids = lake.sql(f"select trajectory_id from _t_trajectories where run_id = '{RUN}' order by started_at")
+    ids = ids.column(0).to_pylist()
+    bus = InProcessBus(topic="bench-trainer", partitions=1)
+    recorder = Recorder(bus, RUN, producer_id="trainer")
+    rows = []
+    for step in range(steps):
+        chosen = ids[(step * batch) % len(ids) :][:batch]
+        recorder.batch_consumed(step, step + 1, chosen, [step % 4] * len(chosen))
+        rows += [{"run_id": RUN, "step": step, "trainer_version": step + 1, "rank": r, "entropy": 1 / (1 + step),
+                  "mismatch": 0.02 + 0.0001 * step, "created_at": dt.datetime.now(dt.UTC)} for r in range(ranks)]  # fmt: skip
+    DeltaSink(lake, bus, SinkConfig(max_latency_s=5)).run(until_idle_s=0.5)
+    lake.append("trainer_steps", pa.Table.from_pylist(rows, schema=TRAINER_STEPS_SCHEMA))
+
+
+def time_queries(root: Path, queries: list[Query]) -> tuple[float, float]:
+    """Seconds for the page's calls on a fresh Lake (cold), then the median of two more rounds."""
+    lake = Lake(root)
+    state: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for q in queries:
+        q(lake, state)
+    cold = time.perf_counter() - t0
+    again = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for q in queries:
+            q(lake, state)
+        again.append(time.perf_counter() - t0)
+    lake.close()
+    return cold, statistics.median(again)
+
+
+def time_scan(lake: Lake, tables: list[str]) -> float:
+    """A plain DuckDB scan: max of every non-list column of each table, fresh connection."""
+    con = duckdb.connect()
+    con.execute("set threads to 2")
+    t0 = time.perf_counter()
+    for name in tables:
+        files = lake.files(name)
+        if not files:
+            continue
+        source = "read_parquet([" + ", ".join(f"'{f}'" for f in files) + "])"
+        columns = [
+            r[0] for r in con.execute(f"describe select * from {source}").fetchall() if "[]" not in r[1]
+        ]
+        maxima = ", ".join('max("' + c + '")' for c in columns)
+        con.execute(f"select {maxima} from {source}").fetchall()
+    elapsed = time.perf_counter() - t0
+    con.close()
+    return elapsed
+
+
+def time_render(root: Path, page: str) -> float:
+    """Seconds for Streamlit's AppTest to render the whole page, caches cleared."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["TRAJLAKE_LAKE"] = str(root)
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    at = AppTest.from_file(str(APP), default_timeout=600)
+    at.query_params["page"] = page
+    t0 = time.perf_counter()
+    at.run()
+    elapsed = time.perf_counter() - t0
+    if at.exception:
+        raise RuntimeError(f"page {page} raised: {at.exception[0].value}")
+    return elapsed
+
+
+def main() -> None:
+    import logging
+
+    logging.getLogger("streamlit").setLevel(logging.ERROR)  # AppTest outside a server warns on every run
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="3,000 trajectories (~90k turns) instead of 100k (~3M)"
+    )
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--lake", type=Path, help="build the lake here, or reuse it if it already holds the run"
+    )
+    args = parser.parse_args()
+    trajectories, turns = (3_000, 30) if args.quick else (100_000, 30)
+
+    with tempfile.TemporaryDirectory(prefix="trajlake-bench-") as tmp:
+        root = args.lake or Path(tmp) / "lake"
+        lake = Lake(root)
+        if (
+            lake.exists("trajectories")
+            and lake.sql(f"select count(*) from _t_trajectories where run_id = '{RUN}'").column(0)[0].as_py()
+        ):
+            print(f"reusing the lake at {root}")
+        else:
+            print(f"building {trajectories:,} trajectories x ~{turns} turns at {root} …", flush=True)
+            t0 = time.perf_counter()
+            build_lake(root, trajectories, turns, chunk=min(trajectories, 10_000))
+            print(f"  built in {time.perf_counter() - t0:.0f} s")
+        sizes = {
+            n: lake.sql(f"select count(*) from _t_{n}").column(0)[0].as_py()
+            for n in ("trajectories", "turns", "events", "tool_calls")
+        }
+        print("rows: " + ", ".join(f"{n} {v:,}" for n, v in sizes.items()))
+
+        pages = {}
+        print(f"{'page':<10} {'queries':>9} {'again':>8} {'scan':>8} {'ratio':>7} {'render':>8}")
+        for page, (tables, queries) in PAGE_QUERIES.items():
+            cold, again = time_queries(root, queries)
+            scan = time_scan(lake, tables)
+            render = time_render(root, page) if page != "sidebar" else None
+            pages[page] = {"tables": tables, "queries_s": cold, "queries_again_s": again, "scan_s": scan,
+                           "ratio": cold / scan if scan else None, "render_s": render,
+                           "under_goal": max(cold, render or 0) < GOAL_S}  # fmt: skip
+            print(f"{page:<10} {cold:>8.3f}s {again:>7.3f}s {scan:>7.3f}s {cold / scan:>7.2f} "
+                  + (f"{render:>7.3f}s" if render is not None else f"{'-':>8}"))  # fmt: skip
+        worst = max(max(p["queries_s"], p["render_s"] or 0) for p in pages.values())
+        print(f"slowest page: {worst:.2f} s (goal < {GOAL_S} s): {'met' if worst < GOAL_S else 'NOT met'}")
+        figures = {"quick": args.quick, "rows": sizes, "pages": pages, "slowest_page_s": worst, "goal_s": GOAL_S,
+                   "ratio": statistics.median(p["ratio"] for p in pages.values() if p["ratio"])}  # fmt: skip
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

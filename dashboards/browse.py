@@ -1,0 +1,95 @@
+"""Queries of the trajectory browser: find trajectories, then read one (the only token reads)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+from trajlake.dashboards.query import (
+    EVENTS,
+    TOOL_CALLS,
+    TRAJECTORIES,
+    TURNS,
+    VersionRange,
+    literal,
+    query,
+    versions_clause,
+)
+
+BROWSER_COLUMNS = (
+    "trajectory_id, task_id, sample_index, environment, policy_version_min, policy_version_max, reward, "
+    "status, failure_origin, failure_label, n_turns, n_tool_calls, n_tool_errors, assistant_tokens, "
+    "tito_drift, started_at, finished_at"
+)
+
+
+def find_trajectories(
+    lake: Any,
+    run_id: str,
+    versions: VersionRange = None,
+    status: Sequence[str] = (),
+    failure_origin: Sequence[str] = (),
+    task_contains: str = "",
+    reward_range: tuple[float, float] | None = None,
+    limit: int = 200,
+) -> pa.Table:
+    """Trajectories of a run matching the filters, newest first (scalar columns only)."""
+    clauses = ["run_id = :run", versions_clause(versions)]
+    if status:
+        clauses.append("status IN (" + ", ".join(literal(s) for s in status) + ")")
+    if failure_origin:
+        origins = [o for o in failure_origin if o != "none"]
+        parts = (
+            ["failure_origin IN (" + ", ".join(literal(o) for o in origins) + ")"] if origins else []
+        ) + (["failure_origin IS NULL"] if "none" in failure_origin else [])
+        clauses.append("(" + " OR ".join(parts) + ")")
+    if task_contains:
+        clauses.append("contains(task_id, :task)")
+    if reward_range is not None:
+        clauses.append(f"reward BETWEEN {float(reward_range[0])} AND {float(reward_range[1])}")
+    return query(
+        lake,
+        f"""SELECT {BROWSER_COLUMNS} FROM {TRAJECTORIES} WHERE {" AND ".join(clauses)}
+            ORDER BY started_at DESC NULLS LAST, trajectory_id LIMIT {int(limit)}""",
+        run=run_id,
+        task=task_contains,
+    )
+
+
+def trajectory_summary(lake: Any, run_id: str, trajectory_id: str) -> dict[str, Any] | None:
+    """Every scalar column of one trajectory, or None if it is not in the lake."""
+    table = query(
+        lake,
+        f"SELECT * FROM {TRAJECTORIES} WHERE run_id = :run AND trajectory_id = :traj",
+        run=run_id,
+        traj=trajectory_id,
+    )
+    return table.to_pylist()[0] if table.num_rows else None
+
+
+def trajectory_turns(lake: Any, run_id: str, trajectory_id: str) -> pa.Table:
+    """The turns of one trajectory in order, with their token ids, logprobs and loss masks."""
+    return query(
+        lake,
+        f"""SELECT t.turn_index, t.policy_version, t.n_input_tokens, t.n_output_tokens, t.finish_reason,
+                   t.context_used_fraction, t.nudged, t.tito_drift, t.latency_s, t.sum_logprob,
+                   e.input_token_ids, e.output_token_ids, e.output_logprobs, e.loss_mask
+            FROM {TURNS} t JOIN {EVENTS} e ON e.event_id = t.event_id
+                 AND e.trajectory_id = :traj AND e.event_type = 'turn'
+            WHERE t.run_id = :run AND t.trajectory_id = :traj ORDER BY t.seq""",
+        run=run_id,
+        traj=trajectory_id,
+    )
+
+
+def trajectory_tool_calls(lake: Any, run_id: str, trajectory_id: str) -> pa.Table:
+    """The tool calls of one trajectory in order, with their outcome."""
+    return query(
+        lake,
+        f"""SELECT call_seq, tool_name, arguments, is_code_execution, ok, error_type, timed_out, truncated,
+                   retries, output_tokens, latency_s
+            FROM {TOOL_CALLS} WHERE run_id = :run AND trajectory_id = :traj ORDER BY call_seq""",
+        run=run_id,
+        traj=trajectory_id,
+    )

@@ -1,0 +1,175 @@
+"""CLI commands of the dashboards: `dashboard` (the Streamlit app) and `metrics` (its figures)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from trajlake.cli import CliError, add_lake_option, env_default
+
+APP = Path(__file__).with_name("app.py")
+TABLE_COLUMNS = (
+    "policy_version",
+    "n_trajectories",
+    "n_scored",
+    "reward_mean",
+    "pass_at_1",
+    "rollout_entropy",
+    "turns_per_trajectory",
+    "assistant_tokens_per_turn",
+    "tool_success_rate",
+    "code_exec_ratio",
+    "context_exhaustion_ratio",
+    "nudge_rate",
+    "n_system_failures",
+    "n_model_failures",
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `dashboard` and `metrics`."""
+    p = subparsers.add_parser(
+        "dashboard", help="the Streamlit app: pass@k, entropy, behaviour, failures, async health"
+    )
+    add_lake_option(p)
+    p.add_argument(
+        "--host",
+        default=env_default("HOST", "127.0.0.1"),
+        help="address to bind (env TRAJLAKE_HOST; default %(default)s, this machine only)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(env_default("PORT", "8501") or 8501),
+        help="port to serve on (env TRAJLAKE_PORT; default %(default)s)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=env_default("TOKENIZER"),
+        metavar="TOKENIZER_JSON",
+        help="a Hugging Face tokenizers JSON file to decode tokens in the browser (env TRAJLAKE_TOKENIZER)",
+    )
+    _add_threshold(p)
+    p.set_defaults(handler=run_dashboard)
+
+    p = subparsers.add_parser("metrics", help="the dashboard's figures per policy version")
+    add_lake_option(p)
+    p.add_argument(
+        "--run",
+        default=env_default("RUN"),
+        required=env_default("RUN") is None,
+        help="run id (env TRAJLAKE_RUN)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default=env_default("FORMAT", "table"),
+        help="output format (env TRAJLAKE_FORMAT; default %(default)s)",
+    )
+    _add_threshold(p)
+    p.set_defaults(handler=run_metrics)
+
+
+def _add_threshold(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--success-threshold",
+        type=float,
+        default=float(env_default("SUCCESS_THRESHOLD", "1.0") or 1.0),
+        help="a sample passes when its reward is >= this (env TRAJLAKE_SUCCESS_THRESHOLD; default %(default)s)",
+    )
+
+
+def _check_lake(root: str) -> None:
+    if "://" not in root and not (Path(root) / "trajectories").is_dir():
+        raise CliError(
+            f"no lake with trajectories at {root}; pass --lake (or TRAJLAKE_LAKE), "
+            f"or fill one with `trajlake loadgen --lake {root} --trajectories 200`"
+        )
+
+
+def streamlit_command(args: argparse.Namespace) -> list[str]:
+    """The `streamlit run` command line for the app: headless, no usage stats, no file watcher."""
+    return [
+        sys.executable, "-m", "streamlit", "run", str(APP),
+        "--server.address", args.host,
+        "--server.port", str(args.port),
+        "--server.headless", "true",
+        "--server.fileWatcherType", "none",
+        "--server.runOnSave", "false",
+        "--browser.gatherUsageStats", "false",
+        "--global.developmentMode", "false",
+        "--client.toolbarMode", "minimal",
+        "--theme.base", "light",
+    ]  # fmt: skip
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    _check_lake(args.lake)
+    if args.tokenizer and not Path(args.tokenizer).is_file():
+        raise CliError(
+            f"tokenizer file {args.tokenizer} not found; pass the path of a tokenizer.json or drop --tokenizer"
+        )
+    env = dict(os.environ, TRAJLAKE_LAKE=args.lake, TRAJLAKE_SUCCESS_THRESHOLD=str(args.success_threshold))
+    if args.tokenizer:
+        env["TRAJLAKE_TOKENIZER"] = str(Path(args.tokenizer).resolve())
+    print(
+        f"trajlake dashboard: serving {args.lake} on http://{args.host}:{args.port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    child = subprocess.Popen(streamlit_command(args), env=env)
+
+    def stop(signum: int, frame: Any) -> None:  # take the app down with us
+        child.terminate()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        child.terminate()
+        child.wait()
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_metrics(args: argparse.Namespace) -> int:
+    from trajlake.dashboards import metrics
+    from trajlake.store.lake import Lake
+
+    _check_lake(args.lake)
+    lake = Lake(args.lake)
+    runs = metrics.runs(lake)
+    if args.run not in runs:
+        raise CliError(f"run {args.run!r} is not in {args.lake}; runs there: {', '.join(runs) or 'none'}")
+    report = metrics.metrics_report(lake, args.run, args.success_threshold)
+    if args.format == "json":
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(format_table(report))
+    return 0
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """One line per policy version with the headline figures, then pass@k for the whole run."""
+    cells = [[_cell(v.get(c)) for c in TABLE_COLUMNS] for v in report["versions"]]
+    widths = [
+        max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(TABLE_COLUMNS)
+    ]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(TABLE_COLUMNS, widths, strict=True))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths, strict=True)) for r in cells]
+    passk = "  ".join(f"pass@{k}={v:.4f}" for k, v in report["pass_at_k"].items())
+    lines.append(f"run {report['run_id']}: {passk or 'no scored trajectories'}")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

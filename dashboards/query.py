@@ -1,0 +1,87 @@
+"""SQL helpers shared by the metric queries: parameter binding, table names, common clauses."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pyarrow as pa
+
+VersionRange = tuple[int, int] | None
+
+TIME_BUCKETS = 40
+"""About how many buckets the over-time charts split a run's time span into."""
+
+
+# The stored scalar columns of the projections. The public `trajectories` and `turns` views
+# join the token payloads from `events`, and DuckDB keeps that join (a scan and group-by of
+# `events`) even when no token column is selected; the figures never need the tokens.
+TRAJECTORIES = "_t_trajectories"
+TURNS = "_t_turns"
+TOOL_CALLS = "_t_tool_calls"
+EVENTS = "_t_events"
+
+
+def literal(value: Any) -> str:
+    """A Python value as a DuckDB SQL literal (strings quoted and escaped)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def query(lake: Any, sql: str, **params: Any) -> pa.Table:
+    """Run read-only SQL on the lake with `:name` placeholders bound to quoted literals."""
+
+    def bind(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in params:
+            raise KeyError(f"query parameter :{name} is not bound; pass {name}=...")
+        return literal(params[name])
+
+    return lake.sql(re.sub(r"(?<![:\w]):([a-z_]+)\b", bind, sql))
+
+
+def versions_clause(versions: VersionRange, column: str = "policy_version_min") -> str:
+    """`column BETWEEN low AND high`, or TRUE for every version."""
+    if versions is None:
+        return "TRUE"
+    low, high = (int(v) for v in versions)
+    return f"{column} BETWEEN {low} AND {high}"
+
+
+def scored(versions: VersionRange = None) -> str:
+    """The WHERE clause of scored trajectories of run `:run` (see trajlake.dashboards.metrics)."""
+    return (
+        "run_id = :run AND finished AND reward IS NOT NULL "
+        f"AND coalesce(failure_origin, '') <> 'system' AND {versions_clause(versions)}"
+    )
+
+
+def rows(table: pa.Table) -> list[dict[str, Any]]:
+    """A table as a list of row dicts (what `--format json` prints)."""
+    return table.to_pylist()
+
+
+def version_join(versions: VersionRange, alias: str) -> str:
+    if versions is None:
+        return ""
+    return (
+        f"JOIN (SELECT trajectory_id FROM {TRAJECTORIES} WHERE {versions_clause(versions)}) v "
+        f"ON v.trajectory_id = {alias}.trajectory_id"
+    )
+
+
+def time_buckets(column: str) -> str:
+    """A SELECT expression putting `column` into about TIME_BUCKETS equal buckets of whole seconds."""
+    return f"to_timestamp(floor(epoch({column}) / w.width) * w.width) AS bucket_start"
+
+
+def bucket_width(table: str, column: str, where: str) -> str:
+    return (
+        f"(SELECT greatest(1, ceil((epoch(max({column})) - epoch(min({column})) + 1) / {TIME_BUCKETS})) AS width "
+        f"FROM {table} WHERE {where}) w"
+    )

@@ -1,0 +1,482 @@
+"""`trajlake demo`: a small asynchronous agent-RL run, end to end, that visibly learns.
+
+The recipe reads top to bottom (`run_demo`):
+
+1. setup     — a lake, its catalog, a bus (in-process, or Kafka) and the exactly-once sink
+               in a thread, so every event takes the production path into Delta tables;
+2. overfit   — the field's first check: play candidate tasks, keep 32 with non-zero reward
+               variance, train a few steps on exactly those, and show that loss and reward move;
+3. run       — rollout workers (Ray, or threads) play prompt groups with the newest policy
+               and record them; the trainer samples staleness-filtered groups from the lake,
+               takes a step, and publishes the next version, which workers pick up mid-episode;
+4. summary   — reward by policy version, pass@k, behaviour, failures, and where to look next.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trajlake.rollout.envs.config import EnvConfig
+
+DEFAULT_STEPS = 40
+
+
+class DemoConfig(BaseModel):
+    """Settings of `trajlake demo`; the defaults finish in a few minutes on two CPU cores."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lake: str = Field("./trajlake-data", description="Lake root directory (or s3://…).")
+    run_id: str | None = Field(None, description="Run id; default demo-<UTC timestamp>.")
+    steps: int = Field(DEFAULT_STEPS, ge=5, description="Trainer steps (= policy versions) of the main run.")
+    seed: int = Field(0, description="Seed of weights, tasks, sampling and fault injection.")
+    groups_per_step: int = Field(8, ge=1, description="Prompt groups per trainer batch.")
+    samples_per_group: int = Field(4, ge=2, description="Samples per prompt group (GRPO group size).")
+    workers: int = Field(2, ge=1, description="Rollout workers.")
+    ray: bool = Field(True, description="Run rollout workers as local Ray actors (else threads).")
+    kafka: str | None = Field(None, description="HOST:PORT of a Kafka broker; None: the in-process bus.")
+    topic: str | None = Field(None, description="Kafka topic; default trajlake-demo-<run id>.")
+    max_staleness: int = Field(2, ge=0, description="Trainer version − policy_version_min allowed in a batch.")
+    lr: float = Field(1e-2, gt=0, description="Adam learning rate.")
+    overfit_tasks: int = Field(32, ge=0, description="Tasks with non-zero reward variance in the overfit check (0: skip).")
+    overfit_samples: int = Field(8, ge=2, description="Samples per task in the overfit check.")
+    overfit_steps: int = Field(8, ge=1, description="Training steps on the overfit set.")
+    bad_messages: int = Field(3, ge=0, description="Malformed messages a simulated legacy producer sends (dead letters).")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="Environment limits and injected fault rates.")
+
+    @model_validator(mode="after")
+    def _defaults(self) -> DemoConfig:
+        if self.run_id is None:
+            self.run_id = "demo-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+        return self
+
+
+# -- output ------------------------------------------------------------------------------------
+class Progress:
+    """A tqdm bar on a terminal; plain lines (every `every` updates) when output is piped."""
+
+    def __init__(self, total: int, desc: str, out: TextIO, every: int = 5) -> None:
+        self.out, self.desc, self.total, self.every, self.n = out, desc, total, every, 0
+        self.bar = None
+        if out.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, file=out, dynamic_ncols=True, leave=True)
+
+    def update(self, **postfix: Any) -> None:
+        """One more unit done; `postfix` shows the latest figures."""
+        self.n += 1
+        text = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in postfix.items())
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+            self.bar.update(1)
+        elif self.n % self.every == 0 or self.n == self.total:
+            print(f"  {self.desc} {self.n}/{self.total} {text}", file=self.out, flush=True)
+
+    def close(self) -> None:
+        """Finish the bar."""
+        if self.bar is not None:
+            self.bar.close()
+
+
+# -- platform pieces -----------------------------------------------------------------------------
+class SinkThread:
+    """The exactly-once `DeltaSink` consuming the bus in a background thread."""
+
+    def __init__(self, lake: Any, bus: Any) -> None:
+        from trajlake.ingest.sink import DeltaSink, SinkConfig
+
+        self.sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=0.3, poll_timeout_s=0.05))
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="sink", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.sink.run(stop_event=self.stop_event)
+        except BaseException as err:  # reported by `check`, so the demo stops instead of waiting forever
+            self.error = err
+
+    def check(self) -> None:
+        """Raise the sink's error, if it died."""
+        if self.error is not None:
+            raise RuntimeError(f"the sink stopped: {type(self.error).__name__}: {self.error}") from self.error
+
+    def stop(self) -> None:
+        """Flush what is buffered and stop."""
+        self.stop_event.set()
+        self.thread.join(60)
+        self.check()
+
+
+def make_buses(config: DemoConfig) -> tuple[Any, Any]:
+    """(producer bus, consumer bus): one in-process bus for both, or two Kafka clients of one topic."""
+    from trajlake.ingest.bus import setup_bus
+
+    if not config.kafka:
+        bus = setup_bus("inprocess")
+        return bus, bus
+    topic = config.topic or f"trajlake-demo-{config.run_id}"
+    producer = setup_bus("kafka", bootstrap=config.kafka, topic=topic)
+    consumer = setup_bus("kafka", bootstrap=config.kafka, topic=topic, group_id=f"trajlake-demo-sink-{config.run_id}")
+    return producer, consumer
+
+
+def wait_for_rows(ctx_lake: Any, sink: SinkThread, query: str, n: int, what: str, timeout_s: float = 120.0) -> int:
+    """Block until `query` (a `select count(*)`) returns at least `n`; return the count."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sink.check()
+        got = int(ctx_lake.sql(query).column(0)[0].as_py() or 0)
+        if got >= n:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {got} of {n} {what} reached the lake in {timeout_s:.0f}s; is the sink running?")
+        time.sleep(0.1)
+
+
+def wait_for_trajectories(lake: Any, sink: SinkThread, run_id: str, n: int) -> int:
+    """Block until the lake holds `n` finished trajectories of `run_id`."""
+    query = f"select count(*) from _t_trajectories where run_id = '{run_id}' and finished"
+    return wait_for_rows(lake, sink, query, n, f"trajectories of {run_id}")
+
+
+# -- trainer -------------------------------------------------------------------------------------
+class DemoTrainer:
+    """The tiny policy and its optimiser; each step is the platform's `policy_step` on a sampler batch."""
+
+    def __init__(self, lake: Any, recorder: Any, catalog: Any, run_id: str, seed: int, lr: float,
+                 policy_loss: str = "ppo") -> None:
+        import torch
+
+        from trajlake.rollout.envs.vocab import VOCAB_SIZE
+        from trajlake.trainer.config import TrainerConfig
+        from trajlake.trainer.policy import TinyPolicy
+
+        self.lake, self.recorder, self.catalog, self.run_id = lake, recorder, catalog, run_id
+        self.policy = TinyPolicy(VOCAB_SIZE, d_model=64, seed=seed)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=lr)
+        self.config = TrainerConfig(run_id=run_id, lr=lr, advantage="drgrpo", policy_loss=policy_loss, aggregation="token_mean")
+        self.history: list[dict[str, Any]] = []
+
+    @property
+    def version(self) -> int:
+        """The version of the weights being trained (0 = initial)."""
+        return self.policy.version
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        """One optimiser step on `batch` (a `trainer.batch.Batch`); the policy version increments."""
+        from trajlake.trainer.step import policy_step
+
+        self.policy.train()
+        metrics = policy_step(self.policy, self.optimizer, batch, self.config)
+        self.policy.version += 1
+        metrics.update(step=batch.step, trainer_version=self.version)
+        self.history.append(metrics)
+        return metrics
+
+    def publish(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Record the step (`trainer_steps`, `policy_updated`, the catalog); return the new weights snapshot."""
+        import pyarrow as pa
+
+        from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
+
+        row = {name: metrics.get(name) for name in TRAINER_STEPS_SCHEMA.names}
+        row.update(run_id=self.run_id, rank=0, created_at=dt.datetime.now(dt.UTC))
+        self.lake.append("trainer_steps", pa.Table.from_pylist([row], schema=TRAINER_STEPS_SCHEMA))
+        summary = {k: metrics[k] for k in ("loss", "reward_mean", "entropy", "mismatch") if k in metrics}
+        self.recorder.policy_updated(self.version, int(metrics["step"]), None, summary)
+        self.catalog.record_policy_version(self.run_id, self.version, int(metrics["step"]))
+        return self.policy.snapshot()
+
+
+# -- the recipe ------------------------------------------------------------------------------------
+@dataclass
+class DemoContext:
+    """Everything the phases share."""
+
+    config: DemoConfig
+    out: TextIO
+    lake: Any
+    catalog: Any
+    producer: Any
+    consumer: Any
+    sink: SinkThread
+    started: float = field(default_factory=time.monotonic)
+
+    def say(self, text: str = "") -> None:
+        """Print one line of the demo's story."""
+        print(text, file=self.out, flush=True)
+
+
+def setup(config: DemoConfig, out: TextIO) -> DemoContext:
+    """Open the lake and catalog, connect the bus, start the sink."""
+    import torch
+
+    from trajlake.store.catalog import Catalog
+    from trajlake.store.lake import Lake
+
+    torch.set_num_threads(1)  # many small models in a few threads: one thread each beats contention
+    lake = Lake(config.lake)
+    catalog = Catalog.for_lake(lake.root)
+    producer, consumer = make_buses(config)
+    return DemoContext(config, out, lake, catalog, producer, consumer, SinkThread(lake, consumer))
+
+
+def cleanup(ctx: DemoContext) -> None:
+    """Stop the sink (after a final flush) and close connections."""
+    ctx.producer.flush()
+    ctx.sink.stop()
+    for bus in {id(ctx.producer): ctx.producer, id(ctx.consumer): ctx.consumer}.values():
+        bus.close()
+    ctx.catalog.close()
+
+
+# -- phases ----------------------------------------------------------------------------------------
+def play_candidates(ctx: DemoContext, recorder: Any, client: Any, tasks: list[Any], samples: int, seed: int) -> list[Any]:
+    """Play `samples` episodes of each task in this thread (the overfit check's small batches)."""
+    from trajlake.rollout.envs.loop import play_group
+
+    rng = random.Random(seed)
+    env = ctx.config.env
+    results = []
+    for task in tasks:
+        results += play_group(recorder, task, task.task_id, samples, client, env, rng, "tinypolicy-d64")
+    return results
+
+
+def select_varied_tasks(lake: Any, run_id: str, n: int) -> list[str]:
+    """Up to `n` tasks of `run_id` whose scored samples have non-zero reward variance (select-overfit)."""
+    rows = lake.sql(
+        f"""select task_id from _t_trajectories
+            where run_id = '{run_id}' and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
+            group by task_id having count(*) >= 2 and var_pop(reward) > 0 order by task_id limit {int(n)}"""
+    )
+    return rows.column("task_id").to_pylist()
+
+
+def overfit_check(ctx: DemoContext) -> dict[str, Any]:
+    """Find tasks with reward variance, train a few steps on exactly them, and measure the change."""
+    from trajlake.rollout.envs.config import FaultConfig
+    from trajlake.rollout.envs.loop import LocalPolicyClient, PolicyStore
+    from trajlake.rollout.envs.tasks import make_task
+    from trajlake.rollout.envs.vocab import VOCAB_SIZE
+    from trajlake.rollout.recorder import Recorder
+    from trajlake.trainer.config import SamplerConfig
+    from trajlake.trainer.sampler import Sampler
+
+    cfg = ctx.config
+    run_id = f"{cfg.run_id}-overfit"
+    n_wanted, samples = cfg.overfit_tasks, cfg.overfit_samples
+    ctx.say(f"[1/2] overfit check: {n_wanted} tasks with non-zero reward variance, {samples} samples each (run {run_id})")
+    recorder = Recorder(ctx.producer, run_id, vocab_size=VOCAB_SIZE, producer_id="demo-overfit", flush_each_turn=False)
+    ctx.catalog.register_run(run_id, {"kind": "overfit-check", "of": cfg.run_id})
+    trainer = DemoTrainer(ctx.lake, recorder, ctx.catalog, run_id, cfg.seed, cfg.lr, policy_loss="glm5")
+    store = PolicyStore(trainer.policy.snapshot())
+    client = LocalPolicyClient(store, cfg.seed + 1, cfg.env.temperature)
+    clean = ctx.config.model_copy(update={"env": cfg.env.model_copy(update={"faults": FaultConfig.none()})})
+    ctx_clean = DemoContext(clean, ctx.out, ctx.lake, ctx.catalog, ctx.producer, ctx.consumer, ctx.sink)
+    rng = random.Random(cfg.seed + 2)
+    played, index, selected, candidates = 0, 0, [], {}
+    for round_ in range(12):  # a random policy passes rarely: keep drawing candidates until 32 vary
+        tasks = [make_task(index + i, rng, cfg.env.max_string_len) for i in range(2 * n_wanted)]
+        index += len(tasks)
+        candidates.update((t.task_id, t) for t in tasks)
+        results = play_candidates(ctx_clean, recorder, client, tasks, samples, cfg.seed + 100 + round_)
+        played += len(results)
+        ctx.producer.flush()
+        wait_for_trajectories(ctx.lake, ctx.sink, run_id, played)
+        selected = select_varied_tasks(ctx.lake, run_id, n_wanted)
+        ctx.say(f"  candidates: {played // samples} tasks played, {len(selected)} with reward variance")
+        if len(selected) >= n_wanted:
+            break
+    sampler_cfg = SamplerConfig(run_id=run_id, max_staleness=10**6, group_size=samples, groups_per_batch=len(selected),
+                                drop_zero_variance=True, group_wait_s=0.0, poll_interval_s=0.1)
+    batch = Sampler(ctx.lake, ctx.catalog, sampler_cfg, recorder=recorder).next_batch(0, 0, timeout_s=5.0)
+    if batch is None:
+        raise RuntimeError(f"the sampler handed out no group of {run_id}; are the trajectories in the lake?")
+    chosen = sorted({s.task_id for s in batch.samples})
+    before = [s.reward for s in batch.samples]
+    losses = []
+    for step in range(cfg.overfit_steps):
+        batch.step = step
+        metrics = trainer.train_step(batch)
+        losses.append(metrics["loss"])
+        store.publish(trainer.publish(metrics))
+    replay = [candidates[task_id] for task_id in chosen]
+    after_results = play_candidates(ctx_clean, recorder, client, replay, samples, cfg.seed + 999)
+    after = [r.reward for r in after_results if r.reward is not None and not r.is_system_failure]
+    report = {
+        "run_id": run_id,
+        "tasks": len(chosen),
+        "candidates": played // samples,
+        "steps": cfg.overfit_steps,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "reward_before": sum(before) / len(before),
+        "reward_after": sum(after) / max(1, len(after)),
+    }
+    ctx.say(f"  trained {cfg.overfit_steps} steps on them: loss {report['loss_first']:+.3f} -> {report['loss_last']:+.3f}, "
+            f"reward on these tasks {report['reward_before']:.2f} -> {report['reward_after']:.2f}")
+    return report
+
+
+def task_stream(seed: int, max_string_len: int) -> Any:
+    """An endless stream of fresh (task, group id) pairs: every prompt group is a new task."""
+    from trajlake.rollout.envs.tasks import make_task
+
+    rng = random.Random(seed)
+    index = 0
+    while True:
+        task = make_task(index, rng, max_string_len)
+        index += 1
+        yield task, task.task_id
+
+
+def start_workers(ctx: DemoContext, feed: Any, store: Any) -> Any:
+    """Rollout workers on local Ray actors, or threads with `--no-ray`; already started."""
+    from trajlake.rollout.envs.loop import RolloutThreads
+    from trajlake.rollout.envs.vocab import VOCAB_SIZE
+    from trajlake.rollout.recorder import Recorder
+
+    cfg = ctx.config
+
+    def make_recorder(i: int) -> Recorder:
+        return Recorder(ctx.producer, cfg.run_id, vocab_size=VOCAB_SIZE, producer_id=f"demo-rollout-{i}", flush_each_turn=False)
+
+    if cfg.ray:
+        from trajlake.rollout.envs.ray_workers import RolloutActors
+
+        workers: Any = RolloutActors(cfg.workers, feed, make_recorder(0), store, cfg.env, cfg.samples_per_group, cfg.seed)
+    else:
+        workers = RolloutThreads(cfg.workers, feed, make_recorder, store, cfg.env, cfg.samples_per_group, cfg.seed,
+                                 model="tinypolicy-d64")
+    workers.start()
+    return workers
+
+
+def train_run(ctx: DemoContext) -> dict[str, Any]:
+    """The async run: workers play with the newest weights while the trainer samples from the lake."""
+    from trajlake.rollout.envs.loop import PolicyStore, TaskFeed
+    from trajlake.rollout.envs.vocab import VOCAB_SIZE
+    from trajlake.rollout.recorder import Recorder
+    from trajlake.trainer.config import SamplerConfig
+    from trajlake.trainer.sampler import Sampler
+
+    cfg = ctx.config
+    run_id = cfg.run_id
+    ctx.say(f"[2/2] async RL run: {cfg.steps} steps x {cfg.groups_per_step} groups x {cfg.samples_per_group} samples, "
+            f"max_staleness {cfg.max_staleness}, fresh weights")
+    recorder = Recorder(ctx.producer, run_id, vocab_size=VOCAB_SIZE, producer_id="demo-trainer")
+    ctx.catalog.register_run(run_id, cfg.model_dump(mode="json"))
+    trainer = DemoTrainer(ctx.lake, recorder, ctx.catalog, run_id, cfg.seed, cfg.lr)
+    store = PolicyStore(trainer.policy.snapshot())
+    feed = TaskFeed(task_stream(cfg.seed + 10_000, cfg.env.max_string_len), max_ahead=2 * cfg.groups_per_step)
+    base = dict(run_id=run_id, max_staleness=cfg.max_staleness, group_size=cfg.samples_per_group,
+                groups_per_batch=cfg.groups_per_step, group_wait_s=2.0, poll_interval_s=0.05, lease_ttl_s=3600.0)
+    # groups whose samples all scored the same carry no GRPO signal: prefer the others, but
+    # fall back to them rather than stall once the policy solves (or fails) everything alike
+    with_signal = Sampler(ctx.lake, ctx.catalog, SamplerConfig(**base, drop_zero_variance=True), recorder=recorder)
+    any_group = Sampler(ctx.lake, ctx.catalog, SamplerConfig(**base, drop_zero_variance=False), recorder=recorder)
+    workers = start_workers(ctx, feed, store)
+    progress = Progress(cfg.steps, "train", ctx.out)
+    step = 0
+    try:
+        while step < cfg.steps:
+            ctx.sink.check()
+            workers.check()
+            sampler = with_signal
+            batch = with_signal.next_batch(trainer.version, step, timeout_s=1.0)
+            if batch is None:
+                sampler, batch = any_group, any_group.next_batch(trainer.version, step, timeout_s=0.0)
+            if batch is None:
+                feed.release(cfg.groups_per_step)  # nothing ready: let the workers run further ahead
+                continue
+            # free the buffer before training, so rollouts go on with the current weights while the
+            # step runs and switch to the new version mid-episode when it is published
+            feed.release(len({s.group_id for s in batch.samples}))
+            metrics = trainer.train_step(batch)
+            store.publish(trainer.publish(metrics))  # workers load it before their next turn
+            sampler.commit(batch)
+            step += 1
+            progress.update(reward=metrics["reward_mean"], loss=metrics["loss"], stale=metrics["staleness_max"])
+    finally:
+        progress.close()
+        feed.stop()
+        workers.join()
+    ctx.producer.flush()
+    return {"run_id": run_id, "steps": step, "trajectories": feed.finished, "final_version": trainer.version}
+
+
+def send_bad_messages(ctx: DemoContext) -> int:
+    """A simulated legacy producer sends malformed events; the sink files them as dead letters."""
+    from trajlake.ingest import codec
+    from trajlake.ingest.bus.base import Message
+
+    cfg = ctx.config
+    problems = [
+        {"schema_version": 99},  # a schema version the platform does not know
+        {"output_token_ids": [3, 10**6], "output_logprobs": [-0.1, -0.2]},  # a token id beyond the vocabulary
+        {"output_token_ids": [3, 4], "output_logprobs": [-0.1, 0.5]},  # a positive logprob
+    ]
+    for i in range(cfg.bad_messages):
+        event = {
+            "event_id": f"legacy-{cfg.run_id}-{i}", "event_type": "turn", "schema_version": 1, "run_id": cfg.run_id,
+            "trajectory_id": f"legacy-{cfg.run_id}-{i}", "seq": 1, "turn_index": 0, "policy_version": 0,
+            "vocab_size": 64, "event_time": dt.datetime.now(dt.UTC).isoformat(), "producer_id": "legacy-harness",
+            "output_token_ids": [3], "output_logprobs": [-0.1],
+        }  # fmt: skip
+        event.update(problems[i % len(problems)])
+        body = json.dumps(event).encode()
+        ctx.producer.send(Message(key=event["trajectory_id"], value=body,
+                                  headers={codec.CONTENT_TYPE_HEADER: codec.JSON_CONTENT_TYPE}))
+    return cfg.bad_messages
+
+
+def drain(ctx: DemoContext, run: dict[str, Any], n_bad: int) -> None:
+    """Wait until everything the run published is in the lake: trajectories, versions, dead letters."""
+    run_id = ctx.config.run_id
+    wait_for_trajectories(ctx.lake, ctx.sink, run_id, run["trajectories"])
+    versions = f"select count(*) from policy_versions where run_id = '{run_id}'"
+    wait_for_rows(ctx.lake, ctx.sink, versions, run["steps"], "policy versions")
+    consumed = f"select count(distinct step) from batch_consumption where run_id = '{run_id}'"
+    wait_for_rows(ctx.lake, ctx.sink, consumed, run["steps"], "consumed batches")
+    dead = f"select count(*) from dead_letters where run_id = '{run_id}'"
+    wait_for_rows(ctx.lake, ctx.sink, dead, n_bad, "dead letters")
+
+
+def run_demo(config: DemoConfig, out: TextIO | None = None) -> dict[str, Any]:
+    """Run the whole demo; return the summary (also printed to `out`)."""
+    from trajlake import demo_report
+
+    out = out or sys.stdout
+    ctx = setup(config, out)
+    try:
+        ctx.say(f"trajlake demo · run {config.run_id} · lake {ctx.lake.root} · "
+                f"bus {'kafka ' + config.kafka if config.kafka else 'in-process'} · "
+                f"workers {config.workers} {'ray' if config.ray else 'threads'}")
+        overfit = overfit_check(ctx) if config.overfit_tasks else None
+        run = train_run(ctx)
+        n_bad = send_bad_messages(ctx)
+        ctx.producer.flush()
+        drain(ctx, run, n_bad)
+    finally:
+        cleanup(ctx)
+    summary = demo_report.summarize(ctx.lake, config, overfit, run, time.monotonic() - ctx.started)
+    demo_report.print_summary(summary, out)
+    return summary
+
+
+def summary_json(summary: dict[str, Any]) -> str:
+    """The summary as JSON text."""
+    return json.dumps(summary, indent=2, default=str)

@@ -1,0 +1,60 @@
+"""`trajlake demo`: argument parsing only; the run itself lives in `trajlake.demo`."""
+
+from __future__ import annotations
+
+import argparse
+
+from trajlake.cli import CliError, add_lake_option, env_default
+
+
+def _bool_env(name: str, default: bool) -> bool:
+    value = env_default(name)
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `trajlake demo`."""
+    p = subparsers.add_parser(
+        "demo",
+        help="a small async agent-RL run, end to end, that visibly learns",
+        description="Play tool-use tasks with a tiny policy, stream the events through the bus into the lake, "
+        "train from the lake with a staleness-bounded sampler, and print what changed.",
+    )
+    add_lake_option(p)
+    p.add_argument("--steps", type=int, default=int(env_default("STEPS", "40") or 40),
+                   help="trainer steps = policy versions (env TRAJLAKE_STEPS; default %(default)s)")
+    p.add_argument("--kafka", default=env_default("KAFKA"), metavar="HOST:PORT",
+                   help="use the Kafka broker at HOST:PORT instead of the in-process bus (env TRAJLAKE_KAFKA)")
+    p.add_argument("--topic", default=env_default("TOPIC"),
+                   help="Kafka topic (env TRAJLAKE_TOPIC; default trajlake-demo-<run id>)")
+    p.add_argument("--no-ray", dest="ray", action="store_false", default=_bool_env("RAY", True),
+                   help="rollout workers as threads instead of local Ray actors (env TRAJLAKE_RAY=0)")
+    p.add_argument("--workers", type=int, default=int(env_default("WORKERS", "2") or 2),
+                   help="rollout workers (env TRAJLAKE_WORKERS; default %(default)s)")
+    p.add_argument("--seed", type=int, default=int(env_default("SEED", "0") or 0),
+                   help="seed of weights, tasks, sampling and faults (env TRAJLAKE_SEED; default %(default)s)")
+    p.add_argument("--run-id", default=env_default("RUN_ID"), help="run id (env TRAJLAKE_RUN_ID; default demo-<time>)")
+    p.add_argument("--overfit-tasks", type=int, default=int(env_default("OVERFIT_TASKS", "32") or 32),
+                   help="tasks in the overfit check, 0 to skip it (env TRAJLAKE_OVERFIT_TASKS; default %(default)s)")
+    p.add_argument("--json", dest="json_path", default=env_default("JSON"), metavar="PATH",
+                   help="also write the summary as JSON to PATH (env TRAJLAKE_JSON)")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Run the demo; exit 0 when it learned, 1 when it did not."""
+    from pydantic import ValidationError
+
+    from trajlake.demo import DemoConfig, run_demo, summary_json
+
+    try:
+        config = DemoConfig(lake=args.lake, steps=args.steps, kafka=args.kafka, topic=args.topic, ray=args.ray,
+                            workers=args.workers, seed=args.seed, run_id=args.run_id, overfit_tasks=args.overfit_tasks)
+    except ValidationError as err:
+        problems = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors())
+        raise CliError(f"invalid demo settings: {problems}") from None
+    summary = run_demo(config)
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            fh.write(summary_json(summary))
+    return 0 if summary["learned"] else 1

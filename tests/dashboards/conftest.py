@@ -1,0 +1,68 @@
+"""Small lakes for the dashboard tests, built through the real pipeline (loadgen → bus → sink)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.rollout.recorder import Recorder
+from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
+from trajlake.store.lake import Lake
+
+RUN_ID = "dash-run"
+APP = Path(__file__).parents[2] / "dashboards" / "app.py"
+
+
+def build_lake(root: Path, trajectories: int = 192, trainer: bool = True, run_id: str = RUN_ID) -> Lake:
+    """A lake with one loadgen run; with `trainer`, also three consumed batches and trainer steps."""
+    lake = Lake(root)
+    bus = InProcessBus(partitions=2)
+    config = LoadgenConfig(
+        trajectories=trajectories, run_id=run_id, turns=4, prompt_tokens=48, output_tokens=24, env_tokens=16,
+        policy_versions=4, group_size=16, vocab_size=4096, system_failure_rate=0.1, seed=7,
+    )  # fmt: skip
+    generate(bus, config)
+    sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05))
+    sink.run(until_idle_s=0.3)
+    if trainer:
+        ids = lake.sql(
+            f"select trajectory_id from trajectories where run_id = '{run_id}' order by started_at"
+        )
+        record_trainer(lake, bus, run_id, ids.column("trajectory_id").to_pylist())
+        sink.run(until_idle_s=0.3)
+    return lake
+
+
+def record_trainer(lake: Lake, bus: InProcessBus, run_id: str, trajectory_ids: list[str]) -> None:
+    """What a trainer leaves: three consumed batches (events) and per-rank steps (trainer_steps)."""
+    recorder = Recorder(bus, run_id, producer_id="trainer")
+    steps = []
+    for step in range(3):
+        batch = trajectory_ids[step * 16 : (step + 1) * 16]
+        recorder.batch_consumed(
+            step, trainer_version=step + 1, trajectory_ids=batch, staleness=[step] * len(batch)
+        )
+        for rank in range(2):
+            steps.append({
+                "run_id": run_id, "step": step, "trainer_version": step + 1, "rank": rank, "loss": 0.5 - 0.1 * step,
+                "entropy": 0.9 - 0.1 * step + 0.01 * rank, "mismatch": 0.01 + 0.015 * step + 0.002 * rank,
+                "n_trajectories": 16, "created_at": dt.datetime.now(dt.UTC),
+            })  # fmt: skip
+    lake.append("trainer_steps", pa.Table.from_pylist(steps, schema=TRAINER_STEPS_SCHEMA))
+
+
+@pytest.fixture(scope="session")
+def dash_lake(tmp_path_factory) -> Lake:
+    """A run with trainer tables filled (shared, read-only: do not write to it)."""
+    return build_lake(tmp_path_factory.mktemp("dash") / "lake")
+
+
+@pytest.fixture(scope="session")
+def bare_lake(tmp_path_factory) -> Lake:
+    """A run without any trainer data: the trainer pages show their empty states."""
+    return build_lake(tmp_path_factory.mktemp("bare") / "lake", trajectories=48, trainer=False)

@@ -1,0 +1,135 @@
+"""Metric queries against independent SQL over the public views, and their edge cases."""
+
+from __future__ import annotations
+
+import pytest
+from trajlake.dashboards import metrics
+from trajlake.ingest import codec
+from trajlake.ingest.bus.base import Message
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.rollout.recorder import Recorder
+
+RUN = "dash-run"
+
+
+def test_version_range_limits_every_figure_to_those_versions(dash_lake):
+    assert metrics.policy_versions(dash_lake, RUN) == [0, 1, 2, 3]
+    overview = metrics.overview_by_version(dash_lake, RUN, (1, 2))
+    assert overview.column("policy_version").to_pylist() == [1, 2]
+    behaviour = metrics.behaviour_by_version(dash_lake, RUN, (1, 2))
+    assert behaviour.column("n_trajectories").to_pylist() == overview.column("n_trajectories").to_pylist()
+    n_in_range = (
+        dash_lake.sql(
+            f"select count(*) as n from trajectories where run_id = '{RUN}' and finished and policy_version_min in (1, 2)"
+        )
+        .column("n")[0]
+        .as_py()
+    )
+    assert (
+        sum(metrics.turns_histogram(dash_lake, RUN, (1, 2)).column("n_trajectories").to_pylist())
+        == n_in_range
+    )
+
+
+def test_pass_at_k_curve_is_monotone_and_starts_at_pass_at_1(dash_lake):
+    curve = metrics.pass_at_k_curve(dash_lake, RUN).to_pylist()
+    assert [r["k"] for r in curve] == list(range(1, 17))
+    values = [r["pass_at_k"] for r in curve]
+    assert values == sorted(values)
+    outcomes = metrics.task_outcomes(dash_lake, RUN).to_pylist()
+    per_task: dict[str, list[int]] = {}
+    for r in outcomes:
+        per_task.setdefault(r["task_id"], [0, 0])
+        per_task[r["task_id"]][0] += r["n"]
+        per_task[r["task_id"]][1] += r["c"]
+    assert values[0] == pytest.approx(sum(c / n for n, c in per_task.values()) / len(per_task))
+
+
+def test_system_failures_are_never_scored_as_reward_zero(dash_lake):
+    scored = metrics.overview_by_version(dash_lake, RUN).to_pylist()
+    systems = (
+        dash_lake.sql(
+            f"select count(*) as n from trajectories where run_id = '{RUN}' and failure_origin = 'system'"
+        )
+        .column("n")[0]
+        .as_py()
+    )
+    assert systems > 0
+    assert sum(r["n_trajectories"] - r["n_scored"] for r in scored) == systems
+
+
+def test_ingest_lag_covers_every_event_of_the_run(dash_lake):
+    lag = metrics.ingest_lag(dash_lake, RUN).to_pylist()
+    n_events = (
+        dash_lake.sql(f"select count(*) as n from events where run_id = '{RUN}'").column("n")[0].as_py()
+    )
+    assert sum(r["n_events"] for r in lag) == n_events
+    assert all(0 <= r["lag_p50_s"] <= r["lag_p95_s"] <= r["lag_max_s"] < 600 for r in lag)
+
+
+def test_buffer_composition_counts_each_arrival_and_each_consumed_trajectory_once(dash_lake):
+    finished = dash_lake.sql(f"select count(*) as n from trajectories where run_id = '{RUN}' and finished")
+    for by in ("difficulty", "length"):
+        arrivals = metrics.buffer_composition(dash_lake, RUN, by, "arrivals")
+        assert sum(arrivals.column("n_trajectories").to_pylist()) == finished.column("n")[0].as_py()
+        consumed = metrics.buffer_composition(dash_lake, RUN, by, "consumption")
+        assert sorted(set(consumed.column("step").to_pylist())) == [0, 1, 2]
+        assert sum(consumed.column("n_trajectories").to_pylist()) == 48
+
+
+def test_browser_turns_hold_the_tokens_of_the_trajectory_view(dash_lake):
+    tid = metrics.find_trajectories(dash_lake, RUN, limit=1).column("trajectory_id")[0].as_py()
+    turns = metrics.trajectory_turns(dash_lake, RUN, tid).to_pylist()
+    whole = (
+        dash_lake.sql(f"select token_ids from trajectories where trajectory_id = '{tid}'")
+        .column(0)[0]
+        .as_py()
+    )
+    assert [t for turn in turns for t in (turn["input_token_ids"] or []) + turn["output_token_ids"]] == whole
+
+
+def test_browser_filters_by_status_origin_task_and_reward(dash_lake):
+    failed = metrics.find_trajectories(dash_lake, RUN, failure_origin=("system",)).to_pylist()
+    assert failed and all(r["failure_origin"] == "system" for r in failed)
+    ok = metrics.find_trajectories(
+        dash_lake, RUN, failure_origin=("none",), reward_range=(1.0, 1.0)
+    ).to_pylist()
+    assert ok and all(r["failure_origin"] is None and r["reward"] == 1.0 for r in ok)
+    task = failed[0]["task_id"]
+    assert {
+        r["task_id"] for r in metrics.find_trajectories(dash_lake, RUN, task_contains=task[-3:]).to_pylist()
+    } >= {task}
+
+
+def test_dead_letters_are_counted_by_reason(tmp_path):
+    from trajlake.store.lake import Lake
+
+    lake = Lake(tmp_path / "lake")
+    bus = InProcessBus(partitions=1)
+    with Recorder(bus, "dl-run").start("task-1") as traj:
+        traj.turn([1, 2], [-0.1, -0.2], 0, input_token_ids=[3])
+        traj.reward(1.0)
+        traj.finish("completed")
+    bad = codec.encode_json([{"event_type": "turn", "run_id": "dl-run", "trajectory_id": "t-bad", "seq": 0,
+                              "output_token_ids": [1], "output_logprobs": [0.5]}])  # fmt: skip
+    bus.send(Message(key="t-bad", value=bad, headers={codec.CONTENT_TYPE_HEADER: codec.JSON_CONTENT_TYPE}))
+    bus.send(
+        Message(
+            key="t-junk", value=b"\x00not json", headers={codec.CONTENT_TYPE_HEADER: codec.JSON_CONTENT_TYPE}
+        )
+    )
+    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.3)
+    reasons = metrics.dead_letter_reasons(lake, "dl-run").to_pylist()
+    assert sum(r["n_dead_letters"] for r in reasons) == 2
+    recent = metrics.recent_dead_letters(lake, "dl-run").to_pylist()
+    assert len(recent) == 2 and all(r["raw_bytes"] > 0 for r in recent)
+
+
+def test_an_empty_lake_has_no_runs(tmp_path):
+    from trajlake.store.lake import Lake
+
+    lake = Lake(tmp_path / "empty")
+    assert metrics.runs(lake) == []
+    assert metrics.trainer_entropy(lake, "x").num_rows == 0
+    assert metrics.ingest_lag(lake, "x").num_rows == 0

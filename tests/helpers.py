@@ -1,0 +1,42 @@
+"""Small builders shared by tests (imported as `tests.helpers`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+from trajlake.schemas import events as ev
+
+
+def turn_event(run_id: str = "r", trajectory_id: str = "t", seq: int = 1, **overrides: Any) -> dict[str, Any]:
+    """A valid `turn` event; override any field to break it."""
+    fields: dict[str, Any] = {
+        "trajectory_id": trajectory_id,
+        "seq": seq,
+        "turn_index": 0,
+        "policy_version": 0,
+        "input_token_ids": [1, 2, 3],
+        "output_token_ids": [4, 5],
+        "output_logprobs": [-0.1, -0.2],
+        "loss_mask": [True, True],
+        "vocab_size": 100,
+    }
+    fields.update(overrides)
+    return ev.make_event(ev.TURN, run_id, **fields)
+
+
+def started_event(run_id: str = "r", trajectory_id: str = "t", **overrides: Any) -> dict[str, Any]:
+    """A valid `trajectory_started` event at seq 0."""
+    fields: dict[str, Any] = {"trajectory_id": trajectory_id, "seq": 0, "task_id": "task", "group_id": "g", "sample_index": 0}
+    fields.update(overrides)
+    return ev.make_event(ev.TRAJECTORY_STARTED, run_id, **fields)
+
+
+def trajlake(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the `trajlake` CLI in a subprocess, as a user would."""
+    cmd = [sys.executable, "-c", "from trajlake.cli import run; run()", *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if check and result.returncode != 0:
+        raise AssertionError(f"trajlake {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result

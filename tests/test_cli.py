@@ -1,0 +1,55 @@
+"""The `trajlake` entry point: instant help, the contract's command names, meaningful exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import trajlake
+
+CONTRACT = ("demo", "loadgen", "sql", "rebuild", "compact", "kafka", "ingest", "import", "doctor", "metrics",
+            "ablate", "select-overfit", "dashboard")  # fmt: skip
+
+
+def test_help_lists_every_contract_command() -> None:
+    out = trajlake("--help").stdout
+    for name in CONTRACT:
+        assert name in out, name
+
+
+def test_help_imports_nothing_heavy() -> None:
+    code = (
+        "import sys\nfrom trajlake.cli import build_parser\nbuild_parser()\n"
+        "print(','.join(m for m in ('torch','duckdb','ray','streamlit','deltalake','pyarrow','kafka') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_loadgen_json_prints_counts_that_match_the_lake(tmp_path) -> None:
+    root = str(tmp_path / "lake")
+    counts = json.loads(trajlake("loadgen", "--lake", root, "--trajectories", "40", "--json").stdout)
+    assert counts["trajectories"] == 40
+    got = json.loads(trajlake("sql", "--lake", root, "--format", "json",
+                              "select count(*) as events, (select count(*) from trajectories) as trajectories, "
+                              "(select sum(len(token_ids)) from trajectories) as tokens from events").stdout)[0]  # fmt: skip
+    assert got == {k: counts[k] for k in ("events", "trajectories", "tokens")}
+
+
+def test_bad_options_name_the_fix(tmp_path) -> None:
+    out = trajlake("loadgen", "--lake", str(tmp_path), "--trajectories", "0", check=False)
+    assert out.returncode == 2 and "trajectories" in out.stderr and "TRAJLAKE_TRAJECTORIES" in out.stderr
+
+
+def test_options_read_environment_variables(tmp_path) -> None:
+    import os
+
+    env = {**os.environ, "TRAJLAKE_LAKE": str(tmp_path / "envlake"), "TRAJLAKE_TRAJECTORIES": "3"}
+    trajlake("loadgen", env=env)
+    assert (tmp_path / "envlake" / "events" / "_delta_log").is_dir()
+
+
+def test_rebuild_of_a_missing_lake_fails_with_a_hint(tmp_path) -> None:
+    out = trajlake("rebuild", "--lake", str(tmp_path / "nothing"), check=False)
+    assert out.returncode == 2 and "no events table" in out.stderr

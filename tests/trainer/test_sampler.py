@@ -1,0 +1,201 @@
+"""The sampler: staleness, groups, filters, leases, commits and micro-batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trajlake.rollout.recorder import Recorder
+from trajlake.store.catalog import Catalog, default_url
+from trajlake.store.projections import catch_up
+from trajlake.trainer.batch import pack_micro_batches
+from trajlake.trainer.config import SamplerConfig
+from trajlake.trainer.errors import LeaseLostError
+from trajlake.trainer.sampler import Sampler
+from trajlake.trainer.tokens import read_from_events, read_from_view
+
+
+@pytest.fixture
+def catalog(lake):
+    cat = Catalog(default_url(lake.root))
+    yield cat
+    cat.close()
+
+
+def sampler(lake, catalog, rank=0, **overrides) -> Sampler:
+    config = SamplerConfig(run_id="run-t", group_wait_s=3600, **overrides)
+    return Sampler(lake, catalog, config, rank=rank)
+
+
+@pytest.fixture
+def pair(spec):
+    """Specs of a two-sample group with rewards 1 and 0 (non-zero variance)."""
+
+    def _pair(group, version=0, rewards=(1.0, 0.0), **kw):
+        return [spec(group, reward=r, version=version, **kw) for r in rewards]
+
+    return _pair
+
+
+def test_only_fresh_trajectories_are_handed_out(lake, catalog, make_run, pair):
+    make_run(pair("g2", version=2) + pair("g3", version=3) + pair("g5", version=5))
+    batch = sampler(lake, catalog, max_staleness=2, groups_per_batch=10).next_batch(trainer_version=5, step=0)
+    assert {s.group_id for s in batch.samples} == {"g3", "g5"}
+    assert max(batch.staleness) == 2
+    assert batch.stats.stale == 2
+
+
+def test_whole_groups_oldest_first_up_to_groups_per_batch(lake, catalog, make_run, pair):
+    make_run(pair("a") + pair("b") + pair("c"))
+    batch = sampler(lake, catalog, groups_per_batch=2).next_batch(0, 0)
+    assert [s.group_id for s in batch.samples] == ["a", "a", "b", "b"]
+    assert batch.prompt_index().tolist() == [0, 0, 1, 1]
+
+
+def test_system_failures_are_excluded_and_counted(lake, catalog, make_run, pair, spec):
+    make_run(pair("a") + [spec("a", reward=None, status="error", origin="system")])
+    batch = sampler(lake, catalog).next_batch(0, 0)
+    assert len(batch.samples) == 2
+    assert batch.stats.system_failures == 1
+
+
+@pytest.mark.parametrize("drop", [True, False], ids=["drop", "keep"])
+def test_zero_variance_groups(lake, catalog, make_run, drop, pair):
+    make_run(pair("flat", rewards=(1.0, 1.0)) + pair("mixed"))
+    batch = sampler(lake, catalog, drop_zero_variance=drop).next_batch(0, 0)
+    assert ({s.group_id for s in batch.samples} == {"mixed"}) is drop
+    assert batch.stats.zero_variance_groups == (1 if drop else 0)
+
+
+@pytest.mark.parametrize(
+    ("wait", "policy", "handed"),
+    [(3600, "use", {"done"}), (0, "use", {"done", "partial"}), (0, "drop", {"done"})],
+    ids=["waiting", "use-after-wait", "drop-after-wait"],
+)
+def test_incomplete_groups_wait_then_follow_the_policy(lake, catalog, make_run, wait, policy, handed, pair, spec):
+    make_run(pair("done") + pair("partial") + [spec("partial", finished=False)])
+    config = SamplerConfig(run_id="run-t", group_wait_s=wait, incomplete_groups=policy, groups_per_batch=5)
+    batch = Sampler(lake, catalog, config).next_batch(0, 0)
+    assert {s.group_id for s in batch.samples} == handed
+
+
+def test_group_size_makes_a_group_complete_without_waiting(lake, catalog, make_run, pair, spec):
+    make_run(pair("g") + [spec("g", finished=False)])
+    assert sampler(lake, catalog).next_batch(0, 0) is None
+    batch = sampler(lake, catalog, group_size=2).next_batch(0, 0)
+    assert len(batch.samples) == 2
+
+
+@pytest.mark.parametrize("mode", ["keep", "mask", "drop"])
+def test_overlong_samples(lake, catalog, make_run, mode, spec):
+    make_run([spec("g", 1.0), spec("g", 0.0), spec("g", 0.5, status="context_exhausted")])
+    batch = sampler(lake, catalog, overlong=mode).next_batch(0, 0)
+    long = [s for s in batch.samples if s.overlong]
+    assert batch.stats.overlong == 1
+    if mode == "drop":
+        assert long == [] and len(batch.samples) == 2
+    else:
+        assert len(long) == 1 and long[0].loss_mask.any() == (mode == "keep")
+
+
+def test_token_arrays_match_what_was_recorded_and_both_readers_agree(lake, catalog, bus, drain):
+    recorder = Recorder(bus, "run-t", vocab_size=100)
+    traj = recorder.start(task_id="t", group_id="g")
+    traj.turn([10, 11], [-0.5, -0.25], 0, full_input_token_ids=[1, 2])
+    traj.turn([12], [-0.125], 0, full_input_token_ids=[1, 2, 10, 11, 7, 8], loss_mask=[False])
+    traj.turn([13], [-1.0], 1, full_input_token_ids=[9, 9, 9])  # drift: the sequence restarts
+    traj.reward(1.0)
+    traj.finish("completed")
+    plain = recorder.start(task_id="t", group_id="g")
+    plain.turn([20], [-2.0], 0, input_token_ids=[3])
+    plain.finish("completed")
+    drain()
+    ids = [traj.trajectory_id, plain.trajectory_id]
+    direct, view = read_from_events(lake, "run-t", ids), read_from_view(lake, "run-t", ids)
+    tokens, lps, mask = direct[traj.trajectory_id]
+    assert tokens.tolist() == [9, 9, 9, 13]
+    assert lps.tolist() == [0, 0, 0, -1.0] and mask.tolist() == [False, False, False, True]
+    assert direct[plain.trajectory_id][0].tolist() == [3, 20]
+    for tid in ids:
+        for a, b in zip(direct[tid], view[tid], strict=True):
+            assert np.array_equal(a, b)
+
+
+def test_token_arrays_align_prompt_outputs_and_environment(lake, catalog, make_run, spec):
+    make_run([spec("g", 1.0, outputs=[[4, 5], [7]]), spec("g", 0.0)])
+    sample = sampler(lake, catalog).next_batch(0, 0).samples[0]
+    assert sample.token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert sample.logprobs.tolist() == pytest.approx([0, 0, 0, -0.1, -0.2, 0, -0.1])
+    assert sample.loss_mask.tolist() == [False, False, False, True, True, False, True]
+
+
+def test_two_ranks_never_get_the_same_trajectory_and_commits_are_recorded(lake, catalog, make_run, pair):
+    make_run(pair("a") + pair("b") + pair("c") + pair("d"))
+    first = sampler(lake, catalog, rank=0, groups_per_batch=2).next_batch(0, 0)
+    second = sampler(lake, catalog, rank=1, groups_per_batch=2).next_batch(0, 0)
+    assert set(first.trajectory_ids).isdisjoint(second.trajectory_ids)
+    assert len(first.samples) == len(second.samples) == 4
+    assert sampler(lake, catalog, rank=2).next_batch(0, 0) is None
+    rank0 = Sampler(lake, catalog, SamplerConfig(run_id="run-t"), owner=_owner_of(catalog, first))
+    assert rank0.commit(first) == first.trajectory_ids
+    catch_up(lake)
+    rows = lake.sql("select trajectory_id, staleness, step from batch_consumption").to_pylist()
+    assert sorted(r["trajectory_id"] for r in rows) == sorted(first.trajectory_ids)
+
+
+def _owner_of(catalog, batch):
+    from sqlalchemy import select
+
+    from trajlake.store.catalog import SamplerLease
+
+    with catalog.engine.connect() as conn:
+        owners = conn.execute(select(SamplerLease.owner).where(SamplerLease.trajectory_id.in_(batch.trajectory_ids)))
+        (owner,) = set(owners.scalars())
+    return owner
+
+
+def test_committed_trajectories_never_come_back_but_released_and_expired_ones_do(lake, catalog, make_run, pair):
+    make_run(pair("a") + pair("b"))
+    rank0 = sampler(lake, catalog, groups_per_batch=1)
+    used = rank0.next_batch(0, 0)
+    rank0.commit(used)
+    returned = rank0.next_batch(0, 1)
+    assert set(returned.trajectory_ids).isdisjoint(used.trajectory_ids)
+    rank0.release(returned)
+    again = sampler(lake, catalog, rank=1).next_batch(0, 0)
+    assert again.trajectory_ids == returned.trajectory_ids
+    assert sampler(lake, catalog, rank=2).next_batch(0, 0) is None
+
+
+def test_a_dead_ranks_lease_expires_and_its_late_commit_is_refused(lake, catalog, make_run, pair):
+    make_run(pair("a"))
+    dead = sampler(lake, catalog, lease_ttl_s=0.001)
+    lost = dead.next_batch(0, 0)
+    import time
+
+    time.sleep(0.01)
+    alive = sampler(lake, catalog, rank=1)
+    taken = alive.next_batch(0, 0)
+    assert taken.trajectory_ids == lost.trajectory_ids
+    assert alive.commit(taken) == taken.trajectory_ids
+    with pytest.raises(LeaseLostError, match="raise lease_ttl_s"):
+        dead.commit(lost)
+
+
+def test_micro_batches_respect_the_token_budget(lake, catalog, make_run, spec):
+    specs = [spec(f"g{i // 2}", reward=float(i % 2), outputs=[[4] * (3 + 7 * i)]) for i in range(12)]
+    make_run(specs)
+    batch = sampler(lake, catalog, groups_per_batch=6, micro_batch_tokens=100).next_batch(0, 0)
+    lengths = [s.n_tokens for s in batch.samples]
+    seen = sorted(i for mb in batch.micro_batches for i in mb)
+    assert seen == list(range(len(batch.samples)))
+    for mb in batch.micro_batches:
+        assert len(mb) * max(lengths[i] for i in mb) <= 100 or len(mb) == 1
+        tensors = batch.tensors(mb)
+        assert tensors.input_ids.numel() <= max(100, tensors.input_ids.shape[1])
+
+
+def test_first_fit_decreasing_packing():
+    assert pack_micro_batches([5, 50, 30, 20, 10], budget=60) == [[1], [2, 3], [4, 0]]
+    assert pack_micro_batches([200, 10], budget=100) == [[0], [1]]  # too long: a micro-batch of its own
+    assert pack_micro_batches([], budget=10) == []

@@ -1,0 +1,177 @@
+"""Offline loss ablations: replay a run's stored batches through each loss configuration.
+
+Every configuration (aggregation × policy loss) sees the same batches in the same order,
+and each seed gives every configuration the same initial weights, so differences come
+from the loss alone. Evaluate-only mode measures each batch's loss and gradient at the
+initial weights; `train` mode takes an optimiser step per batch and also reports what
+training did to the policy. Each figure is a mean and a spread (std) over seeds.
+
+Per configuration:
+    loss, grad_norm, clip_fraction, masked_fraction (tokens whose gradient the trust
+    region zeroed), weight_spread (coefficient of variation of the total loss weight per
+    prompt: 0 means every prompt weighs the same);
+    with training: reward_proxy (mean logprob of rewarded minus unrewarded sequences,
+    change from the initial weights: > 0 means the policy moved toward rewarded
+    behaviour), entropy (mean token entropy on the replayed data after training) and
+    drift (mean |Δ logprob| per trained token, how far the behaviour moved).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from trajlake.trainer.batch import Batch
+from trajlake.trainer.config import SamplerConfig, TrainerConfig
+from trajlake.trainer.policy import TinyPolicy
+from trajlake.trainer.sampler import Sampler
+from trajlake.trainer.step import policy_step
+
+if TYPE_CHECKING:
+    from trajlake.store.lake import Lake
+
+EVAL_METRICS = ("loss", "grad_norm", "weight_spread", "masked_fraction", "clip_fraction")
+TRAIN_METRICS = ("reward_proxy", "entropy", "drift")
+
+
+class AblationConfig(BaseModel):
+    """Which configurations to compare, on how much data, with how many seeds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field(..., min_length=1, description="Run whose stored data to replay.")
+    aggregations: list[str] = Field(["token_mean", "sequence_mean", "prompt_mean"], min_length=1, description="Aggregation modes.")
+    policy_losses: list[str] = Field(["ppo", "dppo", "glm5"], min_length=1, description="Policy losses.")
+    steps: int = Field(4, ge=1, description="Batches to replay.")
+    seeds: int = Field(3, ge=1, description="Seeds (initial weights) per configuration.")
+    train: bool = Field(False, description="Take an optimiser step per batch (else evaluate only).")
+    groups_per_batch: int = Field(8, ge=1, description="Prompt groups per replayed batch.")
+    micro_batch_tokens: int = Field(16_384, ge=1, description="Token budget per micro-batch.")
+    advantage: str = Field("grpo", description="Advantage estimator.")
+    lr: float = Field(1e-3, gt=0, description="Learning rate when training.")
+    max_vocab_size: int = Field(4096, ge=2, description="Fold larger vocabularies (id % this) for the tiny policy.")
+    d_model: int = Field(64, ge=1, description="Width of the tiny policy.")
+
+    def trainer_config(self, aggregation: str, policy_loss: str, seed: int) -> TrainerConfig:
+        """The TrainerConfig of one configuration and seed (validates the names)."""
+        return TrainerConfig(
+            run_id=self.run_id, seed=seed, aggregation=aggregation, policy_loss=policy_loss, advantage=self.advantage,
+            lr=self.lr, max_vocab_size=self.max_vocab_size, d_model=self.d_model,
+        )  # fmt: skip
+
+
+def replay_batches(lake: Lake, config: AblationConfig) -> list[Batch]:
+    """The run's batches for replay: finished, non-system-failure groups with reward variance, oldest first."""
+    sampler_config = SamplerConfig(
+        run_id=config.run_id, max_staleness=10**9, group_wait_s=0, groups_per_batch=config.groups_per_batch,
+        micro_batch_tokens=config.micro_batch_tokens,
+    )  # fmt: skip
+    return Sampler(lake, None, sampler_config).plan(trainer_version=0, n_batches=config.steps)
+
+
+def _sequence_logprobs(policy: TinyPolicy, batches: list[Batch], fold: int | None) -> tuple[list[float], list[float], float, int]:
+    """Per-sequence mean trained-token logprob, per-sequence reward, token entropy sum, token count."""
+    means, rewards, entropy, tokens = [], [], 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            for indices in batch.micro_batches:
+                mb = batch.tensors(indices, vocab_size=fold)
+                lps, ent = policy.logprobs_and_entropy(mb.input_ids, mb.attention_mask)
+                mask = mb.loss_mask
+                counts = mask.sum(dim=1).clamp(min=1)
+                means += ((lps * mask).sum(dim=1) / counts).tolist()
+                rewards += mb.rewards.tolist()
+                entropy += float(ent[mask].sum())
+                tokens += int(mask.sum())
+    return means, rewards, entropy, tokens
+
+
+def _preference(means: list[float], rewards: list[float]) -> float:
+    good = [m for m, r in zip(means, rewards, strict=True) if r > 0.5]
+    bad = [m for m, r in zip(means, rewards, strict=True) if r <= 0.5]
+    return (statistics.fmean(good) if good else 0.0) - (statistics.fmean(bad) if bad else 0.0)
+
+
+def run_one(batches: list[Batch], trainer_config: TrainerConfig, vocab: int, train: bool) -> dict[str, float]:
+    """Replay `batches` through one configuration and seed; return the mean of each metric."""
+    fold = trainer_config.max_vocab_size if vocab > trainer_config.max_vocab_size else None
+    policy = TinyPolicy(min(vocab, trainer_config.max_vocab_size), trainer_config.d_model, seed=trainer_config.seed)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=trainer_config.lr) if train else None
+    before = _sequence_logprobs(policy, batches, fold) if train else None
+    steps = [policy_step(policy, optimizer, batch, trainer_config, fold) for batch in batches]
+    out = {
+        "loss": statistics.fmean(s["loss"] for s in steps),
+        "grad_norm": statistics.fmean(s["grad_norm"] for s in steps),
+        "weight_spread": statistics.fmean(s["prompt_weight_spread"] for s in steps),
+        "masked_fraction": statistics.fmean(s["masked_fraction"] for s in steps),
+        "clip_fraction": statistics.fmean(s["clip_fraction"] for s in steps),
+    }
+    if before is not None:
+        after = _sequence_logprobs(policy, batches, fold)
+        out["reward_proxy"] = _preference(after[0], after[1]) - _preference(before[0], before[1])
+        out["entropy"] = after[2] / max(after[3], 1)
+        out["drift"] = statistics.fmean(abs(a - b) for a, b in zip(after[0], before[0], strict=True)) if after[0] else 0.0
+    return out
+
+
+def run_ablation(lake: Lake, config: AblationConfig, vocab_size: int | None = None) -> dict[str, Any]:
+    """Replay the run through every configuration and seed; return the JSON-ready report."""
+    from trajlake.trainer.reference import run_vocab_size
+
+    for agg in config.aggregations:
+        for loss in config.policy_losses:
+            config.trainer_config(agg, loss, 0)  # fail on a bad name before any work
+    batches = replay_batches(lake, config)
+    if not batches:
+        raise ValueError(
+            f"run {config.run_id!r} has no finished groups with reward variance to replay; "
+            "check the run id (trajlake sql \"select distinct run_id from trajectories\")"
+        )
+    vocab = vocab_size or run_vocab_size(lake, config.run_id) or config.max_vocab_size
+    results = []
+    for agg in config.aggregations:
+        for loss in config.policy_losses:
+            per_seed = [run_one(batches, config.trainer_config(agg, loss, seed), vocab, config.train) for seed in range(config.seeds)]
+            metrics = {
+                name: _summary([seed[name] for seed in per_seed]) for name in per_seed[0]
+            }
+            results.append({"aggregation": agg, "policy_loss": loss, "metrics": metrics})
+    return {
+        "run_id": config.run_id,
+        "train": config.train,
+        "steps": len(batches),
+        "seeds": config.seeds,
+        "trajectories": sum(len(b.samples) for b in batches),
+        "tokens": sum(b.n_tokens for b in batches),
+        "configs": results,
+    }
+
+
+def _summary(values: Sequence[float]) -> dict[str, Any]:
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        "values": list(values),
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as a fixed-width text table: one row per configuration, mean ± std per metric."""
+    names = list(EVAL_METRICS) + (list(TRAIN_METRICS) if report["train"] else [])
+    header = ["aggregation", "policy_loss", *names]
+    rows = [
+        [c["aggregation"], c["policy_loss"]]
+        + [f"{c['metrics'][n]['mean']:.4g} ± {c['metrics'][n]['std']:.2g}" for n in names]
+        for c in report["configs"]
+    ]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    title = (
+        f"ablation of run {report['run_id']}: {report['steps']} batches, {report['trajectories']} trajectories, "
+        f"{report['tokens']} tokens, {report['seeds']} seeds, {'trained' if report['train'] else 'evaluated only'}"
+    )
+    return "\n".join([title, lines[0], "-" * len(lines[0]), *lines[1:]])

@@ -1,0 +1,92 @@
+"""Train/inference logprob mismatch: mean |rollout logprob − trainer logprob| over a batch's tokens.
+
+The field's health threshold is 0.03: above it the trainer's and the inference engine's
+numerics disagree enough that "on-policy" data is silently off-policy (re-tokenisation,
+kernels, precision). The reference trainer writes the figure to `trainer_steps` each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from trajlake.store.lake import Lake
+
+MISMATCH_THRESHOLD = 0.03
+
+
+@dataclass
+class Mismatch:
+    """Mean absolute logprob difference over `n_tokens` tokens, and whether it is healthy."""
+
+    mean_abs_diff: float
+    max_abs_diff: float
+    n_tokens: int
+    threshold: float = MISMATCH_THRESHOLD
+
+    @property
+    def healthy(self) -> bool:
+        """True when the mean difference is below the threshold (no tokens counts as healthy)."""
+        return self.mean_abs_diff < self.threshold
+
+
+def logprob_mismatch(
+    rollout_logprobs: torch.Tensor,
+    trainer_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    threshold: float = MISMATCH_THRESHOLD,
+) -> Mismatch:
+    """Mismatch over the tokens where `loss_mask` is set (the sampled ones), [B, T] inputs.
+
+        mismatch = Σ_t m_t · |logμ_t − logπ_t| / Σ_t m_t
+    """
+    mask = loss_mask.bool()
+    diff = (rollout_logprobs.detach().double() - trainer_logprobs.detach().double()).abs()[mask]
+    if diff.numel() == 0:
+        return Mismatch(0.0, 0.0, 0, threshold)
+    return Mismatch(float(diff.mean()), float(diff.max()), int(diff.numel()), threshold)
+
+
+def combine(parts: list[Mismatch]) -> Mismatch:
+    """The mismatch of a whole batch from its micro-batches' (token-weighted)."""
+    n = sum(p.n_tokens for p in parts)
+    if n == 0:
+        return Mismatch(0.0, 0.0, 0, parts[0].threshold if parts else MISMATCH_THRESHOLD)
+    mean = sum(p.mean_abs_diff * p.n_tokens for p in parts) / n
+    return Mismatch(mean, max(p.max_abs_diff for p in parts), n, parts[0].threshold)
+
+
+def write_trainer_steps(lake: Lake, rows: list[dict[str, Any]]) -> int:
+    """Append per-step rows (TRAINER_STEPS_SCHEMA columns; missing ones null) to `trainer_steps`."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
+
+    now = dt.datetime.now(dt.UTC)
+    full = [{name: row.get(name) for name in TRAINER_STEPS_SCHEMA.names} | {"created_at": row.get("created_at") or now} for row in rows]
+    return lake.append("trainer_steps", pa.Table.from_pylist(full, schema=TRAINER_STEPS_SCHEMA))
+
+
+def record_mismatch(
+    lake: Lake, run_id: str, step: int, trainer_version: int, result: Mismatch, rank: int = 0
+) -> int:
+    """Write one `trainer_steps` row holding just the mismatch check of a step."""
+    return write_trainer_steps(
+        lake,
+        [
+            {
+                "run_id": run_id,
+                "step": step,
+                "trainer_version": trainer_version,
+                "rank": rank,
+                "mismatch": result.mean_abs_diff,
+                "mismatch_healthy": result.healthy,
+                "n_tokens": result.n_tokens,
+            }
+        ],
+    )

@@ -1,0 +1,199 @@
+"""The reference trainer: a readable recipe that trains the tiny policy on CPU from the lake.
+
+    trainer = ReferenceTrainer(lake, TrainerConfig(run_id="demo", steps=20))
+    trainer.setup()          # catalog, policy (resumed from the last checkpoint), optimiser, sampler
+    trainer.train()          # next_batch → train_step, until `steps` or no data
+    trainer.save_checkpoint()
+    trainer.cleanup()
+
+`train_step(batch)` is the unit a custom loop calls: one optimiser step on a sampled batch,
+then the hand-out is committed (`batch_consumption`), the new version is checkpointed and
+announced (`policy_updated`, the catalog's policy_versions; rank 0 only), and the step's
+metrics (loss, entropy, grad norm, clip and masked fractions, logprob mismatch,
+staleness) are appended to `trainer_steps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trajlake.trainer.batch import Batch
+from trajlake.trainer.config import TrainerConfig
+from trajlake.trainer.mismatch import write_trainer_steps
+from trajlake.trainer.policy import TinyPolicy
+from trajlake.trainer.publish import publish_policy_updated
+from trajlake.trainer.sampler import Sampler
+from trajlake.trainer.step import policy_step
+
+if TYPE_CHECKING:
+    from trajlake.rollout.recorder import Recorder
+    from trajlake.store.catalog import Catalog
+    from trajlake.store.lake import Lake
+
+STEP_COLUMNS = (
+    "loss", "entropy", "grad_norm", "clip_fraction", "masked_fraction", "mismatch", "mismatch_healthy",
+    "staleness_mean", "staleness_max", "n_trajectories", "n_tokens", "reward_mean", "duration_s",
+)  # fmt: skip
+
+
+def run_vocab_size(lake: Lake, run_id: str) -> int | None:
+    """The vocabulary size the run's producers declared, if any."""
+    table = lake.read(
+        "events", ["vocab_size"], where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}' and vocab_size is not null"
+    )
+    values = [v for v in table.column("vocab_size").to_pylist() if v]
+    return max(values) if values else None
+
+
+def run_policy_version(lake: Lake, run_id: str) -> int | None:
+    """The highest policy version the run's events announced, if any."""
+    table = lake.read("policy_versions", ["policy_version"], where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}'")
+    values = [v for v in table.column("policy_version").to_pylist() if v is not None]
+    return max(values) if values else None
+
+
+class ReferenceTrainer:
+    """Trains `TinyPolicy` on CPU from the sampler; one class, read top to bottom."""
+
+    def __init__(
+        self,
+        lake: Lake,
+        config: TrainerConfig,
+        *,
+        catalog: Catalog | None = None,
+        catalog_url: str | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        self.lake = lake
+        self.config = config
+        self.catalog = catalog
+        self.catalog_url = catalog_url
+        self.recorder = recorder
+        self.version = 0
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+
+    # -- setup ----------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Open the catalog, build (or resume) the policy and optimiser, start the sampler."""
+        from trajlake.store.catalog import Catalog
+
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        self.catalog = self.catalog or Catalog.for_lake(self.lake.root, self.catalog_url)
+        self.catalog.register_run(cfg.run_id, cfg.model_dump(mode="json"))
+        vocab = cfg.vocab_size or run_vocab_size(self.lake, cfg.run_id) or cfg.max_vocab_size
+        self.fold_vocab = cfg.max_vocab_size if vocab > cfg.max_vocab_size else None
+        self.policy = TinyPolicy(min(vocab, cfg.max_vocab_size), d_model=cfg.d_model, seed=cfg.seed)
+        self.version = self._resume()
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr)
+        sampler_config = cfg.sampler.model_copy(update={"run_id": cfg.run_id})
+        self.sampler = Sampler(self.lake, self.catalog, sampler_config, rank=cfg.rank, recorder=self.recorder)
+
+    def _resume(self) -> int:
+        """Load the run's last checkpoint if there is one; return the trainer version to start at."""
+        latest = self.catalog.latest_policy_version(self.config.run_id) if self.catalog else None
+        if latest and latest["checkpoint"] and os.path.exists(latest["checkpoint"]):
+            payload = torch.load(latest["checkpoint"], map_location="cpu", weights_only=True)
+            self.policy.load_snapshot(payload)
+            self.step = int(latest["step"])
+            return int(latest["version"])
+        # A run recorded elsewhere (e.g. loadgen) announced its versions as events: start there,
+        # so staleness is measured against the newest policy that produced data.
+        return run_policy_version(self.lake, self.config.run_id) or 0
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where this run's checkpoints go."""
+        return Path(self.config.checkpoint_dir or Path(self.lake.root) / "checkpoints" / self.config.run_id)
+
+    # -- training -------------------------------------------------------------------------
+    def next_batch(self, timeout_s: float = 0.0) -> Batch | None:
+        """The sampler's next batch for the current version and step (None if none is ready)."""
+        return self.sampler.next_batch(self.version, self.step, timeout_s)
+
+    def train_step(self, batch: Batch, commit: bool = True) -> dict[str, Any]:
+        """One optimiser step on `batch`; commit it, publish the new version, record metrics."""
+        metrics = policy_step(self.policy, self.optimizer, batch, self.config, self.fold_vocab)
+        if commit:
+            self.sampler.commit(batch)
+        self.version += 1
+        self.step += 1
+        self.policy.version = self.version
+        metrics.update(step=self.step, trainer_version=self.version, rank=self.config.rank)
+        if self.config.rank == 0:
+            checkpoint = self.save_checkpoint()
+            self.catalog.record_policy_version(self.config.run_id, self.version, self.step, checkpoint)
+            summary = {k: metrics[k] for k in ("loss", "grad_norm", "mismatch", "reward_mean")}
+            publish_policy_updated(
+                self.lake, self.recorder, self.config.run_id, self.sampler.owner, self.version, self.step, checkpoint, summary
+            )
+        row = {k: metrics[k] for k in STEP_COLUMNS} | {
+            "run_id": self.config.run_id, "step": self.step, "trainer_version": self.version, "rank": self.config.rank,
+        }  # fmt: skip
+        write_trainer_steps(self.lake, [row])
+        self.history.append(metrics)
+        return metrics
+
+    def train(self, steps: int | None = None, wait_s: float = 0.0) -> list[dict[str, Any]]:
+        """Train until `steps` (default: config.steps) steps are done or no batch comes within `wait_s`."""
+        target = steps if steps is not None else self.config.steps
+        done: list[dict[str, Any]] = []
+        while len(done) < target:
+            batch = self.next_batch(timeout_s=wait_s)
+            if batch is None:
+                break  # no fresh data: the rollout side is behind, or the run is used up
+            done.append(self.train_step(batch))
+        return done
+
+    def save_checkpoint(self) -> str:
+        """Write the policy to `<checkpoint_dir>/step-<step>.pt`; return the path."""
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        return self.policy.save(str(self.checkpoint_dir / f"step-{self.step:06d}.pt"))
+
+    def cleanup(self) -> None:
+        """Close the catalog connection (the lake belongs to the caller)."""
+        if self.catalog is not None:
+            self.catalog.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m trajlake.trainer.reference --lake D --run R [--steps N] [--rank K]`: train and print metrics."""
+    from trajlake.store.lake import Lake
+
+    parser = argparse.ArgumentParser(prog="trajlake-train", description=main.__doc__)
+    parser.add_argument("--lake", default=os.environ.get("TRAJLAKE_LAKE", "./trajlake-data"))
+    parser.add_argument("--run", default=os.environ.get("TRAJLAKE_RUN", "demo"))
+    parser.add_argument("--steps", type=int, default=int(os.environ.get("TRAJLAKE_STEPS", "10")))
+    parser.add_argument("--rank", type=int, default=int(os.environ.get("TRAJLAKE_RANK", "0")))
+    parser.add_argument("--catalog", default=os.environ.get("TRAJLAKE_CATALOG_URL"))
+    parser.add_argument("--config", default=os.environ.get("TRAJLAKE_TRAINER_CONFIG"), help="JSON of TrainerConfig fields")
+    parser.add_argument("--wait", type=float, default=float(os.environ.get("TRAJLAKE_WAIT_S", "0")))
+    args = parser.parse_args(argv)
+    extra = json.loads(args.config) if args.config else {}
+    config = TrainerConfig(**{"run_id": args.run, "steps": args.steps, "rank": args.rank, **extra})
+    lake = Lake(args.lake)
+    trainer = ReferenceTrainer(lake, config, catalog_url=args.catalog)
+    trainer.setup()
+    try:
+        for metrics in trainer.train(wait_s=args.wait):
+            print(json.dumps({k: metrics[k] for k in ("step", "trainer_version", "loss", "grad_norm", "mismatch")}), flush=True)
+    finally:
+        trainer.cleanup()
+        lake.close()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # deltalake's runtime threads can abort a normal interpreter exit

@@ -1,0 +1,295 @@
+"""The sampler: staleness-filtered prompt groups from the lake, leased in the catalog, packed.
+
+For a trainer at version v it reads the scalar columns of `trajectories` (no tokens),
+keeps finished trajectories with v − policy_version_min <= max_staleness, always leaves
+out system failures (failure_origin = 'system') and those without a valid reward, groups
+the rest by `group_id`, waits up to `group_wait_s` for incomplete groups, optionally
+drops zero-reward-variance groups and overlong samples, and claims whole groups in the
+catalog (a group another rank got first is skipped). Only then does it fetch the token
+payloads of the claimed trajectories and pack them into micro-batches.
+
+A batch is handed out under a lease; `commit(batch)` (after the step that used it)
+marks it consumed and records it in `batch_consumption` (a `batch_consumed` event). If
+a rank dies before committing, its leases expire and the trajectories come back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trajlake.trainer.batch import Batch, SamplerStats, TrajectorySample, pack_micro_batches
+from trajlake.trainer.config import SamplerConfig
+from trajlake.trainer.errors import LeaseLostError
+from trajlake.trainer.publish import publish_batch_consumed
+from trajlake.trainer.tokens import read_tokens
+
+if TYPE_CHECKING:
+    from trajlake.rollout.recorder import Recorder
+    from trajlake.store.catalog import Catalog
+    from trajlake.store.lake import Lake
+
+SCALAR_COLUMNS = (
+    "trajectory_id",
+    "group_id",
+    "task_id",
+    "policy_version_min",
+    "reward",
+    "status",
+    "failure_origin",
+    "finished",
+    "total_tokens",
+    "finished_at",
+)
+TRUNCATED_STATUSES = ("context_exhausted", "max_turns")
+
+
+@dataclass
+class _Member:
+    trajectory_id: str
+    task_id: str | None
+    reward: float
+    policy_version_min: int
+    overlong: bool
+
+
+@dataclass
+class _Group:
+    group_id: str
+    members: list[_Member] = field(default_factory=list)
+    unfinished: int = 0
+    finished: int = 0
+    first_finished_at: dt.datetime | None = None
+
+
+class Sampler:
+    """Hands out staleness-filtered, leased, packed batches of one run to one trainer rank."""
+
+    def __init__(
+        self,
+        lake: Lake,
+        catalog: Catalog | None,
+        config: SamplerConfig,
+        *,
+        rank: int = 0,
+        owner: str | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        self.lake = lake
+        self.catalog = catalog
+        self.config = config
+        self.rank = rank
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:rank{rank}:{uuid.uuid4().hex[:6]}"
+        self.recorder = recorder
+        self.handed_out = 0
+
+    # -- selection ------------------------------------------------------------------------
+    def select_groups(self, trainer_version: int, now: dt.datetime | None = None) -> tuple[list[_Group], SamplerStats]:
+        """Groups ready to hand out at `trainer_version` (oldest first), and what was left out."""
+        cfg = self.config
+        now = now or dt.datetime.now(dt.UTC)
+        rows = self.lake.read("trajectories", list(SCALAR_COLUMNS), where=f"run_id = '{_esc(cfg.run_id)}'")
+        taken = self.catalog.unavailable_ids(cfg.run_id) if self.catalog is not None else set()
+        cols = {name: rows.column(name).to_pylist() for name in SCALAR_COLUMNS}
+        stats = SamplerStats()
+        groups: dict[str, _Group] = {}
+        blocked: set[str] = set()
+        for i, tid in enumerate(cols["trajectory_id"]):
+            group = groups.setdefault(cols["group_id"][i] or tid, _Group(cols["group_id"][i] or tid))
+            if tid in taken:
+                stats.taken += 1
+                blocked.add(group.group_id)
+                continue
+            if not cols["finished"][i]:
+                stats.unfinished += 1
+                group.unfinished += 1
+                continue
+            stats.finished += 1
+            group.finished += 1
+            finished_at = cols["finished_at"][i]
+            if finished_at is not None and (group.first_finished_at is None or finished_at < group.first_finished_at):
+                group.first_finished_at = finished_at
+            member = self._admit(cols, i, trainer_version, stats)
+            if member is not None:
+                group.members.append(member)
+        ready = [g for gid, g in groups.items() if gid not in blocked and self._is_ready(g, now, stats)]
+        ready = [g for g in ready if self._has_signal(g, stats)]
+        ready.sort(key=lambda g: (g.first_finished_at or now, g.group_id))
+        stats.ready_groups = len(ready)
+        return ready, stats
+
+    def _admit(self, cols: dict[str, list[Any]], i: int, version: int, stats: SamplerStats) -> _Member | None:
+        """The trajectory as a group member, or None (counted) if it must not be trained on."""
+        cfg = self.config
+        if cols["failure_origin"][i] == "system":
+            stats.system_failures += 1  # a harness fault is never trained as reward 0
+            return None
+        if cols["reward"][i] is None:
+            stats.no_reward += 1
+            return None
+        pv_min = cols["policy_version_min"][i]
+        if pv_min is None or version - pv_min > cfg.max_staleness:
+            stats.stale += 1
+            return None
+        too_long = cfg.max_sequence_tokens is not None and (cols["total_tokens"][i] or 0) > cfg.max_sequence_tokens
+        overlong = cols["status"][i] in TRUNCATED_STATUSES or too_long
+        if overlong:
+            stats.overlong += 1
+            if cfg.overlong == "drop":
+                return None
+        return _Member(cols["trajectory_id"][i], cols["task_id"][i], float(cols["reward"][i]), int(pv_min), overlong)
+
+    def _is_ready(self, group: _Group, now: dt.datetime, stats: SamplerStats) -> bool:
+        cfg = self.config
+        complete = group.finished >= cfg.group_size if cfg.group_size else group.unfinished == 0
+        if complete:
+            return bool(group.members)
+        waited = group.first_finished_at is not None and (now - group.first_finished_at).total_seconds() >= cfg.group_wait_s
+        if not waited:
+            stats.incomplete_groups_waiting += 1
+            return False
+        if cfg.incomplete_groups == "drop":
+            stats.incomplete_groups_dropped += 1
+            return False
+        return bool(group.members)
+
+    def _has_signal(self, group: _Group, stats: SamplerStats) -> bool:
+        if not self.config.drop_zero_variance:
+            return True
+        if len({m.reward for m in group.members}) > 1:
+            return True
+        stats.zero_variance_groups += 1
+        return False
+
+    # -- hand-out -------------------------------------------------------------------------
+    def next_batch(self, trainer_version: int, step: int, timeout_s: float = 0.0) -> Batch | None:
+        """The next batch for a trainer at `trainer_version`, or None if none was ready in time.
+
+        Waits up to `timeout_s` for `groups_per_batch` groups; at the deadline hands out
+        what there is (at least one group).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            final = time.monotonic() >= deadline
+            groups, stats = self.select_groups(trainer_version)
+            if len(groups) >= self.config.groups_per_batch or (final and groups):
+                claimed = self._claim(groups, trainer_version, stats)
+                if claimed:
+                    return self._build(claimed, trainer_version, step, stats)
+            if final:
+                return None
+            time.sleep(min(self.config.poll_interval_s, max(0.0, deadline - time.monotonic())))
+
+    def plan(self, trainer_version: int, n_batches: int, step: int = 0) -> list[Batch]:
+        """Batches for replay, without leases: the first `n_batches` × groups_per_batch ready groups, in order.
+
+        Deterministic for a given lake state, so every configuration of an ablation sees
+        the same batches in the same order. Nothing is leased, committed or recorded.
+        """
+        groups, stats = self.select_groups(trainer_version)
+        per = self.config.groups_per_batch
+        return [
+            self._build(groups[i * per : (i + 1) * per], trainer_version, step + i, stats)
+            for i in range(min(n_batches, -(-len(groups) // per)))
+        ]
+
+    def _claim(self, groups: list[_Group], version: int, stats: SamplerStats) -> list[_Group]:
+        """Lease whole groups, spreading ranks over the list; skip groups another rank got first."""
+        if self.catalog is None:
+            raise ValueError("this sampler has no catalog: pass one to hand out batches (or use plan() to replay)")
+        shift = (self.rank * self.config.groups_per_batch) % len(groups)
+        claimed: list[_Group] = []
+        for group in groups[shift:] + groups[:shift]:
+            ids = [m.trajectory_id for m in group.members]
+            got = self.catalog.claim(
+                self.config.run_id, ids, self.owner, rank=self.rank, trainer_version=version, ttl_s=self.config.lease_ttl_s
+            )
+            if len(got) == len(ids):
+                claimed.append(group)
+            else:
+                stats.lost_races += 1
+                self.catalog.release(self.config.run_id, got, self.owner)
+            if len(claimed) == self.config.groups_per_batch:
+                break
+        return claimed
+
+    def _build(self, groups: list[_Group], version: int, step: int, stats: SamplerStats) -> Batch:
+        members = [m for g in groups for m in g.members]
+        tokens = read_tokens(self.lake, self.config.run_id, [m.trajectory_id for m in members], self.config.token_reader)
+        samples: list[TrajectorySample] = []
+        for group in groups:
+            for m in group.members:
+                ids, lps, mask = tokens[m.trajectory_id]
+                if m.overlong and self.config.overlong == "mask":
+                    mask = np.zeros_like(mask)  # kept for the group's baseline, but not trained on
+                samples.append(
+                    TrajectorySample(
+                        m.trajectory_id, group.group_id, m.task_id, m.reward, m.policy_version_min,
+                        version - m.policy_version_min, ids, lps, mask, m.overlong,
+                    )  # fmt: skip
+                )
+        micro = pack_micro_batches([s.n_tokens for s in samples], self.config.micro_batch_tokens)
+        self.handed_out += len(samples)
+        return Batch(self.config.run_id, step, version, samples, micro, stats)
+
+    def commit(self, batch: Batch) -> list[str]:
+        """Mark a used batch consumed and record it in `batch_consumption`; return the ids committed.
+
+        Raises `LeaseLostError` (after committing the rest) if a lease had expired and
+        another rank took some of the batch: raise `lease_ttl_s` above the step time.
+        """
+        run = self.config.run_id
+        kept = set(self.catalog.mark_consumed(run, batch.trajectory_ids, self.owner, step=batch.step))
+        samples = [s for s in batch.samples if s.trajectory_id in kept]
+        if samples:
+            self._record(batch, samples)
+        lost = [tid for tid in batch.trajectory_ids if tid not in kept]
+        if lost:
+            raise LeaseLostError(
+                f"{len(lost)} trajectories of step {batch.step} were re-leased by another rank before commit; "
+                f"raise lease_ttl_s (now {self.config.lease_ttl_s}s) above the time a step takes",
+                run_id=run,
+                trajectory_ids=lost,
+            )
+        return [s.trajectory_id for s in samples]
+
+    def _record(self, batch: Batch, samples: list[TrajectorySample]) -> None:
+        publish_batch_consumed(
+            self.lake, self.recorder, self.config.run_id, self.owner, batch.step, batch.trainer_version,
+            [s.trajectory_id for s in samples], [s.staleness for s in samples],
+        )  # fmt: skip
+
+    def release(self, batch: Batch) -> int:
+        """Give a batch back unused (e.g. the step failed); its trajectories can be handed out again."""
+        return self.catalog.release(self.config.run_id, batch.trajectory_ids, self.owner)
+
+    def renew(self) -> int:
+        """Extend this rank's live leases by `lease_ttl_s` (for steps longer than the TTL)."""
+        return self.catalog.renew(self.config.run_id, self.owner, self.config.lease_ttl_s)
+
+    def batches(self, trainer_version: Any, steps: int | None = None, timeout_s: float = 0.0) -> Iterator[Batch]:
+        """Yield batches; each is committed when the loop asks for the next one (or ends).
+
+        `trainer_version` is an int or a callable returning the current version.
+        """
+        step = 0
+        while steps is None or step < steps:
+            version = trainer_version() if callable(trainer_version) else int(trainer_version)
+            batch = self.next_batch(version, step, timeout_s)
+            if batch is None:
+                return
+            yield batch
+            self.commit(batch)
+            step += 1
+
+
+def _esc(value: str) -> str:
+    return value.replace("'", "''")
