@@ -152,52 +152,25 @@ def wait_for_trajectories(lake: Any, sink: SinkThread, run_id: str, n: int) -> i
 
 
 # -- trainer -------------------------------------------------------------------------------------
-class DemoTrainer:
-    """The tiny policy and its optimiser; each step is the platform's `policy_step` on a sampler batch."""
+def make_trainer(ctx: DemoContext, run_id: str, recorder: Any, policy_loss: str, **sampling: Any) -> Any:
+    """The platform's `ReferenceTrainer` for `run_id`, set up on the demo's lake, catalog and bus."""
+    from trajlake.rollout.envs.vocab import VOCAB_SIZE
+    from trajlake.trainer.config import SamplerConfig, TrainerConfig
+    from trajlake.trainer.reference import ReferenceTrainer
 
-    def __init__(self, lake: Any, recorder: Any, catalog: Any, run_id: str, seed: int, lr: float,
-                 policy_loss: str = "ppo") -> None:
-        import torch
-
-        from trajlake.rollout.envs.vocab import VOCAB_SIZE
-        from trajlake.trainer.config import TrainerConfig
-        from trajlake.trainer.policy import TinyPolicy
-
-        self.lake, self.recorder, self.catalog, self.run_id = lake, recorder, catalog, run_id
-        self.policy = TinyPolicy(VOCAB_SIZE, d_model=64, seed=seed)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=lr)
-        self.config = TrainerConfig(run_id=run_id, lr=lr, advantage="drgrpo", policy_loss=policy_loss, aggregation="token_mean")
-        self.history: list[dict[str, Any]] = []
-
-    @property
-    def version(self) -> int:
-        """The version of the weights being trained (0 = initial)."""
-        return self.policy.version
-
-    def train_step(self, batch: Any) -> dict[str, Any]:
-        """One optimiser step on `batch` (a `trainer.batch.Batch`); the policy version increments."""
-        from trajlake.trainer.step import policy_step
-
-        self.policy.train()
-        metrics = policy_step(self.policy, self.optimizer, batch, self.config)
-        self.policy.version += 1
-        metrics.update(step=batch.step, trainer_version=self.version)
-        self.history.append(metrics)
-        return metrics
-
-    def publish(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """Record the step (`trainer_steps`, `policy_updated`, the catalog); return the new weights snapshot."""
-        import pyarrow as pa
-
-        from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
-
-        row = {name: metrics.get(name) for name in TRAINER_STEPS_SCHEMA.names}
-        row.update(run_id=self.run_id, rank=0, created_at=dt.datetime.now(dt.UTC))
-        self.lake.append("trainer_steps", pa.Table.from_pylist([row], schema=TRAINER_STEPS_SCHEMA))
-        summary = {k: metrics[k] for k in ("loss", "reward_mean", "entropy", "mismatch") if k in metrics}
-        self.recorder.policy_updated(self.version, int(metrics["step"]), None, summary)
-        self.catalog.record_policy_version(self.run_id, self.version, int(metrics["step"]))
-        return self.policy.snapshot()
+    cfg = ctx.config
+    sampler = SamplerConfig(
+        run_id=run_id, max_staleness=cfg.max_staleness, group_size=cfg.samples_per_group,
+        groups_per_batch=cfg.groups_per_step, drop_zero_variance=True, group_wait_s=2.0,
+        poll_interval_s=0.05, lease_ttl_s=3600.0,
+    ).model_copy(update=sampling)  # fmt: skip
+    config = TrainerConfig(
+        run_id=run_id, steps=cfg.steps, seed=cfg.seed, vocab_size=VOCAB_SIZE, lr=cfg.lr, advantage="drgrpo",
+        policy_loss=policy_loss, aggregation="token_mean", sampler=sampler,
+    )  # fmt: skip
+    trainer = ReferenceTrainer(ctx.lake, config, catalog=ctx.catalog, recorder=recorder)
+    trainer.setup()
+    return trainer
 
 
 # -- the recipe ------------------------------------------------------------------------------------
@@ -255,16 +228,6 @@ def play_candidates(ctx: DemoContext, recorder: Any, client: Any, tasks: list[An
     return results
 
 
-def select_varied_tasks(lake: Any, run_id: str, n: int) -> list[str]:
-    """Up to `n` tasks of `run_id` whose scored samples have non-zero reward variance (select-overfit)."""
-    rows = lake.sql(
-        f"""select task_id from _t_trajectories
-            where run_id = '{run_id}' and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
-            group by task_id having count(*) >= 2 and var_pop(reward) > 0 order by task_id limit {int(n)}"""
-    )
-    return rows.column("task_id").to_pylist()
-
-
 def overfit_check(ctx: DemoContext) -> dict[str, Any]:
     """Find tasks with reward variance, train a few steps on exactly them, and measure the change."""
     from trajlake.rollout.envs.config import FaultConfig
@@ -272,16 +235,16 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
     from trajlake.rollout.envs.tasks import make_task
     from trajlake.rollout.envs.vocab import VOCAB_SIZE
     from trajlake.rollout.recorder import Recorder
-    from trajlake.trainer.config import SamplerConfig
-    from trajlake.trainer.sampler import Sampler
+    from trajlake.trainer.overfit import select_overfit
 
     cfg = ctx.config
     run_id = f"{cfg.run_id}-overfit"
     n_wanted, samples = cfg.overfit_tasks, cfg.overfit_samples
     ctx.say(f"[1/2] overfit check: {n_wanted} tasks with non-zero reward variance, {samples} samples each (run {run_id})")
     recorder = Recorder(ctx.producer, run_id, vocab_size=VOCAB_SIZE, producer_id="demo-overfit", flush_each_turn=False)
-    ctx.catalog.register_run(run_id, {"kind": "overfit-check", "of": cfg.run_id})
-    trainer = DemoTrainer(ctx.lake, recorder, ctx.catalog, run_id, cfg.seed, cfg.lr, policy_loss="glm5")
+    # every token keeps its gradient under GLM-5-style truncated IS, so repeated steps on one batch can overfit
+    trainer = make_trainer(ctx, run_id, recorder, "glm5", max_staleness=10**6, group_size=samples,
+                           groups_per_batch=n_wanted, group_wait_s=0.0)
     store = PolicyStore(trainer.policy.snapshot())
     client = LocalPolicyClient(store, cfg.seed + 1, cfg.env.temperature)
     clean = ctx.config.model_copy(update={"env": cfg.env.model_copy(update={"faults": FaultConfig.none()})})
@@ -296,23 +259,20 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
         played += len(results)
         ctx.producer.flush()
         wait_for_trajectories(ctx.lake, ctx.sink, run_id, played)
-        selected = select_varied_tasks(ctx.lake, run_id, n_wanted)
+        selected = select_overfit(ctx.lake, run_id, n_wanted, min_samples=samples)
         ctx.say(f"  candidates: {played // samples} tasks played, {len(selected)} with reward variance")
         if len(selected) >= n_wanted:
             break
-    sampler_cfg = SamplerConfig(run_id=run_id, max_staleness=10**6, group_size=samples, groups_per_batch=len(selected),
-                                drop_zero_variance=True, group_wait_s=0.0, poll_interval_s=0.1)
-    batch = Sampler(ctx.lake, ctx.catalog, sampler_cfg, recorder=recorder).next_batch(0, 0, timeout_s=5.0)
+    batch = trainer.next_batch(timeout_s=5.0)
     if batch is None:
         raise RuntimeError(f"the sampler handed out no group of {run_id}; are the trajectories in the lake?")
     chosen = sorted({s.task_id for s in batch.samples})
     before = [s.reward for s in batch.samples]
     losses = []
     for step in range(cfg.overfit_steps):
-        batch.step = step
-        metrics = trainer.train_step(batch)
+        metrics = trainer.train_step(batch, commit=step == 0)  # the same batch each step: commit its hand-out once
         losses.append(metrics["loss"])
-        store.publish(trainer.publish(metrics))
+    store.publish(trainer.policy.snapshot())
     replay = [candidates[task_id] for task_id in chosen]
     after_results = play_candidates(ctx_clean, recorder, client, replay, samples, cfg.seed + 999)
     after = [r.reward for r in after_results if r.reward is not None and not r.is_system_failure]
@@ -370,7 +330,6 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
     from trajlake.rollout.envs.loop import PolicyStore, TaskFeed
     from trajlake.rollout.envs.vocab import VOCAB_SIZE
     from trajlake.rollout.recorder import Recorder
-    from trajlake.trainer.config import SamplerConfig
     from trajlake.trainer.sampler import Sampler
 
     cfg = ctx.config
@@ -378,16 +337,16 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
     ctx.say(f"[2/2] async RL run: {cfg.steps} steps x {cfg.groups_per_step} groups x {cfg.samples_per_group} samples, "
             f"max_staleness {cfg.max_staleness}, fresh weights")
     recorder = Recorder(ctx.producer, run_id, vocab_size=VOCAB_SIZE, producer_id="demo-trainer")
+    trainer = make_trainer(ctx, run_id, recorder, "ppo")
     ctx.catalog.register_run(run_id, cfg.model_dump(mode="json"))
-    trainer = DemoTrainer(ctx.lake, recorder, ctx.catalog, run_id, cfg.seed, cfg.lr)
     store = PolicyStore(trainer.policy.snapshot())
     feed = TaskFeed(task_stream(cfg.seed + 10_000, cfg.env.max_string_len), max_ahead=2 * cfg.groups_per_step)
-    base = dict(run_id=run_id, max_staleness=cfg.max_staleness, group_size=cfg.samples_per_group,
-                groups_per_batch=cfg.groups_per_step, group_wait_s=2.0, poll_interval_s=0.05, lease_ttl_s=3600.0)
-    # groups whose samples all scored the same carry no GRPO signal: prefer the others, but
-    # fall back to them rather than stall once the policy solves (or fails) everything alike
-    with_signal = Sampler(ctx.lake, ctx.catalog, SamplerConfig(**base, drop_zero_variance=True), recorder=recorder)
-    any_group = Sampler(ctx.lake, ctx.catalog, SamplerConfig(**base, drop_zero_variance=False), recorder=recorder)
+    # groups whose samples all scored the same carry no GRPO signal: the trainer's sampler leaves
+    # them out, but the demo falls back to them rather than stall once the policy solves (or
+    # fails) everything alike
+    with_signal = trainer.sampler
+    any_group = Sampler(ctx.lake, ctx.catalog, with_signal.config.model_copy(update={"drop_zero_variance": False}),
+                        owner=with_signal.owner, recorder=recorder)
     workers = start_workers(ctx, feed, store)
     progress = Progress(cfg.steps, "train", ctx.out)
     step = 0
@@ -396,17 +355,17 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
             ctx.sink.check()
             workers.check()
             sampler = with_signal
-            batch = with_signal.next_batch(trainer.version, step, timeout_s=1.0)
+            batch = with_signal.next_batch(trainer.version, trainer.step, timeout_s=1.0)
             if batch is None:
-                sampler, batch = any_group, any_group.next_batch(trainer.version, step, timeout_s=0.0)
+                sampler, batch = any_group, any_group.next_batch(trainer.version, trainer.step, timeout_s=0.0)
             if batch is None:
                 feed.release(cfg.groups_per_step)  # nothing ready: let the workers run further ahead
                 continue
             # free the buffer before training, so rollouts go on with the current weights while the
             # step runs and switch to the new version mid-episode when it is published
             feed.release(len({s.group_id for s in batch.samples}))
-            metrics = trainer.train_step(batch)
-            store.publish(trainer.publish(metrics))  # workers load it before their next turn
+            metrics = trainer.train_step(batch, commit=False)
+            store.publish(trainer.policy.snapshot())  # workers load it before their next turn
             sampler.commit(batch)
             step += 1
             progress.update(reward=metrics["reward_mean"], loss=metrics["loss"], stale=metrics["staleness_max"])

@@ -145,6 +145,7 @@ def _server_properties(config: BrokerConfig, controller_port: int) -> str:
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
+        "group.min.session.timeout.ms": "1000",  # lets tests evict a killed sink quickly
         "num.network.threads": "2",
         "num.io.threads": "2",
         "log.flush.interval.messages": "9223372036854775807",

@@ -60,7 +60,7 @@ class KafkaConfig(BaseModel):
     fetch_max_bytes: int = Field(
         16 * 1024 * 1024, ge=1 << 20, description="consumer: bytes per partition fetch"
     )
-    session_timeout_s: float = Field(10.0, ge=1, description="consumer: group session timeout")
+    session_timeout_s: float = Field(10.0, ge=1, description="consumer: group session timeout (a killed sink's partitions move after it)")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="how to talk to the brokers"
     )

@@ -1,4 +1,4 @@
-"""Synthetic agent-RL workload: realistic event streams written through the Recorder and a bus.
+"""Synthetic agent-RL workload: realistic event streams written through a bus.
 
 Token ids follow a Zipf law over the vocabulary (frequent tokens have small ids, as in BPE
 vocabularies); logprobs are mostly near 0 with a heavy tail, as sampled tokens are. Tasks
@@ -9,14 +9,19 @@ configurable rates, and a fraction of trajectories end in system failures.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trajlake.ingest.bus.base import Bus
-from trajlake.rollout.recorder import Recorder
+from trajlake.ingest import codec
+from trajlake.ingest.bus.base import Bus, Message
+from trajlake.schemas import events as ev
 
 TOOLS = (("python", True), ("bash", True), ("search", False), ("calculator", False), ("file_edit", False))
 ENVIRONMENTS = ("swe", "math", "web")
@@ -68,18 +73,31 @@ class LoadgenCounts:
 class TokenSampler:
     """Zipf-distributed token ids and realistic logprobs, drawn in bulk with numpy."""
 
+    POOL = 1 << 20
+
     def __init__(self, vocab_size: int, zipf_a: float, rng: np.random.Generator) -> None:
         self.rng = rng
         ranks = np.arange(1, vocab_size + 1, dtype=np.float64)
         weights = ranks**-zipf_a
         self.cdf = np.cumsum(weights / weights.sum())
+        self._ids = np.empty(0, np.int32)
+        self._lps = np.empty(0, np.float32)
 
     def ids(self, n: int) -> np.ndarray:
-        ids = np.searchsorted(self.cdf, self.rng.random(n))
-        return np.minimum(ids, len(self.cdf) - 1).astype(np.int32)
+        if len(self._ids) < n:
+            fresh = np.searchsorted(self.cdf, self.rng.random(max(n, self.POOL)))
+            self._ids = np.concatenate([self._ids, np.minimum(fresh, len(self.cdf) - 1).astype(np.int32)])
+        out, self._ids = self._ids[:n], self._ids[n:]
+        return out
 
     def logprobs(self, n: int) -> np.ndarray:
         """Mostly confident tokens (near 0), some uncertain, a heavy tail of surprising ones."""
+        if len(self._lps) < n:
+            self._lps = np.concatenate([self._lps, self._draw_logprobs(max(n, self.POOL))])
+        out, self._lps = self._lps[:n], self._lps[n:]
+        return out
+
+    def _draw_logprobs(self, n: int) -> np.ndarray:
         kind = self.rng.random(n)
         lp = -self.rng.exponential(0.003, n)
         mid = kind > 0.75
@@ -93,33 +111,153 @@ def _length(rng: np.random.Generator, mean: int) -> int:
     return max(1, int(rng.gamma(4.0, mean / 4.0)))
 
 
-def generate(bus: Bus, config: LoadgenConfig, on_trajectory: Callable[[int], None] | None = None) -> LoadgenCounts:
+class _ColumnBatch:
+    """Events of many trajectories, kept as sparse columns and turned into Arrow in one go.
+
+    It offers the Recorder's trajectory API (`turn`, `tool_call`, …) without building a
+    dict per event, which makes loadgen about ten times faster at millions of events.
+    """
+
+    def __init__(self, run_id: str, vocab_size: int) -> None:
+        self.run_id = run_id
+        self.vocab_size = vocab_size
+        self.n = 0
+        self.cols: dict[str, tuple[list[int], list[Any]]] = {}
+        self.spans: list[tuple[str | None, int, int]] = []  # (message key, first row, end row)
+        self.trajectory_id: str | None = None
+        self.seq = 0
+        self.turn_index = 0
+
+    def add(self, event_type: str, **fields: Any) -> None:
+        row = self.n
+        self.n += 1
+        fields.update(
+            event_id=ev.new_event_id(), event_type=event_type, schema_version=ev.SCHEMA_VERSION,
+            run_id=self.run_id, producer_id="loadgen", event_time=time.time_ns() // 1000,
+        )  # fmt: skip
+        if self.trajectory_id is not None:
+            fields.update(trajectory_id=self.trajectory_id, seq=self.seq)
+            self.seq += 1
+        for name, value in fields.items():
+            if value is not None:
+                rows, values = self.cols.setdefault(name, ([], []))
+                rows.append(row)
+                values.append(value)
+
+    # the Recorder's trajectory API ---------------------------------------------------------
+    def start(self, **fields: Any) -> _ColumnBatch:
+        self.trajectory_id, self.seq, self.turn_index = ev.new_event_id(), 0, 0
+        self.spans.append((self.trajectory_id, self.n, -1))
+        fields["sampling_params"] = json.dumps(fields["sampling_params"], sort_keys=True, separators=(",", ":"))
+        self.add(ev.TRAJECTORY_STARTED, vocab_size=self.vocab_size, **fields)
+        return self
+
+    def turn(self, output_token_ids: np.ndarray, output_logprobs: np.ndarray, policy_version: int,
+             *, input_token_ids: np.ndarray, **fields: Any) -> None:  # fmt: skip
+        self.add(
+            ev.TURN, turn_index=self.turn_index, policy_version=policy_version, input_token_ids=input_token_ids,
+            input_is_full=False, output_token_ids=output_token_ids, output_logprobs=output_logprobs,
+            loss_mask=np.ones(len(output_token_ids), dtype=bool), tito_drift=False, vocab_size=self.vocab_size,
+            **fields,
+        )  # fmt: skip
+        self.turn_index += 1
+
+    def tool_call(self, tool_name: str, arguments: dict[str, Any], *, is_code_execution: bool) -> str:
+        call_id = f"call-{self.seq}"
+        self.add(ev.TOOL_CALL, call_id=call_id, tool_name=tool_name, is_code_execution=is_code_execution,
+                 arguments=json.dumps(arguments, sort_keys=True, separators=(",", ":")))  # fmt: skip
+        return call_id
+
+    def tool_result(self, call_id: str, tool_name: str, **fields: Any) -> None:
+        self.add(ev.TOOL_RESULT, call_id=call_id, tool_name=tool_name, **fields)
+
+    def reward(self, value: float | None, *, components: dict[str, float] | None = None, **fields: Any) -> None:
+        text = json.dumps(components, sort_keys=True, separators=(",", ":")) if components else None
+        self.add(ev.REWARD, reward=value, reward_components=text, **fields)
+
+    def finish(self, status: str, **fields: Any) -> None:
+        self.add(ev.TRAJECTORY_FINISHED, status=status, **fields)
+        key, first, _ = self.spans[-1]
+        self.spans[-1] = (key, first, self.n)
+        self.trajectory_id = None
+
+    def policy_updated(self, version: int, step: int, checkpoint: str) -> None:
+        first = self.n
+        self.add(ev.POLICY_UPDATED, policy_version=version, step=step, checkpoint=checkpoint)
+        self.spans.append((self.run_id, first, self.n))
+
+    # -> Arrow ------------------------------------------------------------------------------
+    def table(self) -> pa.Table:
+        arrays = []
+        for f in ev.EVENTS_SCHEMA:
+            rows, values = self.cols.get(f.name, ([], []))
+            arrays.append(_column(f.type, self.n, np.asarray(rows, dtype=np.int64), values))
+        return pa.Table.from_arrays(arrays, schema=ev.EVENTS_SCHEMA)
+
+    def publish(self, bus: Bus) -> int:
+        """Send one message per trajectory (and per policy update); return messages sent."""
+        table = self.table()
+        for key, first, end in self.spans:
+            value = codec.encode_arrow(table.slice(first, end - first))
+            bus.send(Message(key=key, value=value, headers={codec.CONTENT_TYPE_HEADER: codec.ARROW_CONTENT_TYPE}))
+        return len(self.spans)
+
+
+def _column(type_: pa.DataType, n: int, rows: np.ndarray, values: list[Any]) -> pa.Array:
+    valid = np.zeros(n, dtype=bool)
+    valid[rows] = True
+    if pa.types.is_list(type_):
+        lengths = np.zeros(n, dtype=np.int32)
+        lengths[rows] = [len(v) for v in values]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        flat = np.concatenate(values) if values else np.empty(0)
+        child = pa.array(flat.astype(type_.value_type.to_pandas_dtype()), type=type_.value_type)
+        return pa.ListArray.from_arrays(pa.array(offsets), child, type=type_, mask=pa.array(~valid))
+    if pa.types.is_string(type_):
+        full = np.full(n, None, dtype=object)
+        full[rows] = values
+        return pa.array(full, type=type_)
+    dtype = np.int64 if pa.types.is_timestamp(type_) else (bool if pa.types.is_boolean(type_) else type_.to_pandas_dtype())
+    full = np.zeros(n, dtype=dtype)
+    full[rows] = values
+    return pa.array(full, type=type_, mask=~valid)
+
+
+def generate(
+    bus: Bus,
+    config: LoadgenConfig,
+    on_trajectory: Callable[[int], None] | None = None,
+    chunk: int = 500,
+) -> LoadgenCounts:
     """Write `config.trajectories` synthetic trajectories to `bus`; return what was produced."""
     rng = np.random.default_rng(config.seed)
     tokens = TokenSampler(config.vocab_size, config.zipf_a, rng)
-    recorder = Recorder(bus, config.run_id, producer_id="loadgen", vocab_size=config.vocab_size, flush_each_turn=False)
     counts = LoadgenCounts()
     n_groups = max(1, -(-config.trajectories // config.group_size))
     difficulty = rng.beta(1.5, 1.5, n_groups)
     per_version = max(1, config.trajectories // config.policy_versions)
     version = -1
+    batch = _ColumnBatch(config.run_id, config.vocab_size)
     for i in range(config.trajectories):
         v = min(i // per_version, config.policy_versions - 1)
         if v != version:
             version = v
-            recorder.policy_updated(version, step=version, checkpoint=f"ckpt/step-{version}")
-            counts.events += 1
+            batch.policy_updated(version, step=version, checkpoint=f"ckpt/step-{version}")
         group = i // config.group_size
-        counts.events += _trajectory(recorder, config, rng, tokens, group, i % config.group_size, version, difficulty[group], counts)
+        _trajectory(batch, config, rng, tokens, group, i % config.group_size, version, difficulty[group], counts)
         counts.trajectories += 1
         if on_trajectory:
             on_trajectory(i)
+        if len(batch.spans) >= chunk or i == config.trajectories - 1:
+            counts.events += batch.n
+            counts.messages += batch.publish(bus)
+            batch = _ColumnBatch(config.run_id, config.vocab_size)
     bus.flush()
     return counts
 
 
 def _trajectory(
-    recorder: Recorder,
+    recorder: _ColumnBatch,
     config: LoadgenConfig,
     rng: np.random.Generator,
     tokens: TokenSampler,
@@ -128,7 +266,7 @@ def _trajectory(
     version: int,
     difficulty: float,
     counts: LoadgenCounts,
-) -> int:
+) -> None:
     env = ENVIRONMENTS[group % len(ENVIRONMENTS)]
     traj = recorder.start(
         task_id=f"task-{group:06d}",
@@ -187,17 +325,16 @@ def _trajectory(
         if not solved and status == "completed":
             origin, label = "model", "model_capability"
     traj.finish(str(status), failure_origin=origin, failure_label=label)
-    return traj.seq
 
 
-def _tool(traj: object, config: LoadgenConfig, rng: np.random.Generator, tokens: TokenSampler) -> np.ndarray:
+def _tool(traj: _ColumnBatch, config: LoadgenConfig, rng: np.random.Generator, tokens: TokenSampler) -> np.ndarray:
     name, is_code = TOOLS[int(rng.integers(0, len(TOOLS)))]
-    call = traj.tool_call(name, {"input": f"arg-{int(rng.integers(0, 1000))}"}, is_code_execution=is_code)  # type: ignore[attr-defined]
+    call = traj.tool_call(name, {"input": f"arg-{int(rng.integers(0, 1000))}"}, is_code_execution=is_code)
     timed_out = rng.random() < config.tool_timeout_rate
     failed = timed_out or rng.random() < config.tool_error_rate
     truncated = not failed and rng.random() < config.truncation_rate
     output = tokens.ids(_length(rng, config.env_tokens) if config.env_tokens else 0)
-    traj.tool_result(  # type: ignore[attr-defined]
+    traj.tool_result(
         call,
         name,
         ok=not failed,

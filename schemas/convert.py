@@ -58,11 +58,26 @@ def events_to_table(events: Sequence[Mapping[str, Any]]) -> pa.Table:
             err.index = index
             raise
     try:
-        return pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)
+        return _columns_to_table(rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, ValueError):
         for index, row in enumerate(rows):  # find the culprit for a precise reason
             _row_to_table(row, index)
         raise
+
+
+def _columns_to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Column-wise construction: much faster than `Table.from_pylist` for wide, sparse rows."""
+    n = len(rows)
+    present: set[str] = set()
+    for row in rows:
+        present.update(row)
+    arrays = []
+    for f in EVENTS_SCHEMA:
+        if f.name in present:
+            arrays.append(pa.array([row.get(f.name) for row in rows], type=f.type))
+        else:
+            arrays.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(arrays, schema=EVENTS_SCHEMA)
 
 
 def _row_to_table(row: Mapping[str, Any], index: int) -> pa.Table:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import random
 import time
-import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -149,13 +149,23 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
 """Fields (besides the envelope) that each type must carry, non-null."""
 
 
+_rand = random.Random(int.from_bytes(os.urandom(16), "big"))
+
+
+def _reseed() -> None:
+    """A forked child must not repeat its parent's random stream."""
+    _rand.seed(int.from_bytes(os.urandom(16), "big"))
+
+
+os.register_at_fork(after_in_child=_reseed)
+
+
 def new_event_id() -> str:
     """A UUIDv7 string: unique, and sortable by creation time."""
     ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (rand >> 68 & 0xFFF) << 64 | 0b10 << 62
-    value |= rand & ((1 << 62) - 1)
-    return str(uuid.UUID(int=value))
+    value = (ms & 0xFFFFFFFFFFFF) << 80 | 0x7 << 76 | _rand.getrandbits(12) << 64 | 0b10 << 62 | _rand.getrandbits(62)
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def utc_now() -> dt.datetime:

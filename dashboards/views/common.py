@@ -75,8 +75,9 @@ def line(
     """A line chart of one or more measures (several `y` are folded into a `measure` colour)."""
     data = frame(table)
     chart = alt.Chart(data)
+    color_enc: Any
     if isinstance(y, list):
-        chart = chart.transform_fold(y, as_=["measure", "value"])
+        chart = chart.transform_fold(list[Any](y), as_=["measure", "value"])
         y_enc, color_enc = alt.Y("value:Q", title=y_title or ""), alt.Color("measure:N", title=None)
     else:
         y_enc = alt.Y(f"{y}:Q", title=y_title or y)
