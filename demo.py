@@ -36,27 +36,41 @@ class DemoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lake: str = Field("./trajlake-data", description="Lake root directory (or s3://…).")
-    run_id: str | None = Field(None, description="Run id; default demo-<UTC timestamp>.")
+    run_id: str | None = Field(
+        None, description="Run id; default `demo`, or demo-<UTC time> if the lake has a `demo` run."
+    )
     steps: int = Field(DEFAULT_STEPS, ge=5, description="Trainer steps (= policy versions) of the main run.")
     seed: int = Field(0, description="Seed of weights, tasks, sampling and fault injection.")
     groups_per_step: int = Field(8, ge=1, description="Prompt groups per trainer batch.")
     samples_per_group: int = Field(4, ge=2, description="Samples per prompt group (GRPO group size).")
     workers: int = Field(2, ge=1, description="Rollout workers.")
-    ray: bool = Field(True, description="Run rollout workers as local Ray actors (else threads).")
+    ray: bool = Field(True, description="Run episodes as local Ray tasks (else threads in this process).")
     kafka: str | None = Field(None, description="HOST:PORT of a Kafka broker; None: the in-process bus.")
     topic: str | None = Field(None, description="Kafka topic; default trajlake-demo-<run id>.")
-    max_staleness: int = Field(2, ge=0, description="Trainer version − policy_version_min allowed in a batch.")
+    max_staleness: int = Field(
+        2, ge=0, description="Trainer version − policy_version_min allowed in a batch."
+    )
     lr: float = Field(1e-2, gt=0, description="Adam learning rate.")
-    overfit_tasks: int = Field(32, ge=0, description="Tasks with non-zero reward variance in the overfit check (0: skip).")
+    overfit_tasks: int = Field(
+        32, ge=0, description="Tasks with non-zero reward variance in the overfit check (0: skip)."
+    )
     overfit_samples: int = Field(8, ge=2, description="Samples per task in the overfit check.")
     overfit_steps: int = Field(8, ge=1, description="Training steps on the overfit set.")
-    bad_messages: int = Field(3, ge=0, description="Malformed messages a simulated legacy producer sends (dead letters).")
-    env: EnvConfig = Field(default_factory=EnvConfig, description="Environment limits and injected fault rates.")
+    bad_messages: int = Field(
+        3, ge=0, description="Malformed messages a simulated legacy producer sends (dead letters)."
+    )
+    fault_rate: float = Field(
+        1.0, ge=0, le=20, description="Multiplier of every injected fault rate (0: no faults)."
+    )
+    env: EnvConfig = Field(
+        default_factory=EnvConfig, description="Environment limits and injected fault rates."
+    )
 
     @model_validator(mode="after")
     def _defaults(self) -> DemoConfig:
-        if self.run_id is None:
-            self.run_id = "demo-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+        if self.fault_rate != 1.0:
+            self.env = self.env.model_copy(update={"faults": self.env.faults.scaled(self.fault_rate)})
+            self.fault_rate = 1.0  # applied: a saved config reloads to the same rates
         return self
 
 
@@ -126,13 +140,20 @@ def make_buses(config: DemoConfig) -> tuple[Any, Any]:
     if not config.kafka:
         bus = setup_bus("inprocess")
         return bus, bus
+    from trajlake.ingest.bus.kafka import create_topic
+
     topic = config.topic or f"trajlake-demo-{config.run_id}"
     producer = setup_bus("kafka", bootstrap=config.kafka, topic=topic)
-    consumer = setup_bus("kafka", bootstrap=config.kafka, topic=topic, group_id=f"trajlake-demo-sink-{config.run_id}")
+    create_topic(producer.config)  # type: ignore[attr-defined]  # idempotent; the sink subscribes to it
+    consumer = setup_bus(
+        "kafka", bootstrap=config.kafka, topic=topic, group_id=f"trajlake-demo-sink-{config.run_id}"
+    )
     return producer, consumer
 
 
-def wait_for_rows(ctx_lake: Any, sink: SinkThread, query: str, n: int, what: str, timeout_s: float = 120.0) -> int:
+def wait_for_rows(
+    ctx_lake: Any, sink: SinkThread, query: str, n: int, what: str, timeout_s: float = 120.0
+) -> int:
     """Block until `query` (a `select count(*)`) returns at least `n`; return the count."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -141,7 +162,9 @@ def wait_for_rows(ctx_lake: Any, sink: SinkThread, query: str, n: int, what: str
         if got >= n:
             return got
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only {got} of {n} {what} reached the lake in {timeout_s:.0f}s; is the sink running?")
+            raise TimeoutError(
+                f"only {got} of {n} {what} reached the lake in {timeout_s:.0f}s; is the sink running?"
+            )
         time.sleep(0.1)
 
 
@@ -187,6 +210,12 @@ class DemoContext:
     sink: SinkThread
     started: float = field(default_factory=time.monotonic)
 
+    @property
+    def run_id(self) -> str:
+        """The main run's id (resolved by `setup`)."""
+        assert self.config.run_id is not None, "setup() resolves the run id"
+        return self.config.run_id
+
     def say(self, text: str = "") -> None:
         """Print one line of the demo's story."""
         print(text, file=self.out, flush=True)
@@ -202,8 +231,18 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
     torch.set_num_threads(1)  # many small models in a few threads: one thread each beats contention
     lake = Lake(config.lake)
     catalog = Catalog.for_lake(lake.root)
+    if config.run_id is None:
+        config = config.model_copy(update={"run_id": free_run_id(lake, catalog)})
     producer, consumer = make_buses(config)
     return DemoContext(config, out, lake, catalog, producer, consumer, SinkThread(lake, consumer))
+
+
+def free_run_id(lake: Any, catalog: Any) -> str:
+    """`demo` on a fresh lake (the README's examples use it), else demo-<UTC time>."""
+    taken = catalog.get_run("demo") is not None or catalog.get_run("demo-overfit") is not None
+    if not taken and lake.exists("trajectories"):
+        taken = lake.read("trajectories", ["run_id"], where="run_id in ('demo', 'demo-overfit')").num_rows > 0
+    return "demo-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") if taken else "demo"
 
 
 def cleanup(ctx: DemoContext) -> None:
@@ -216,12 +255,13 @@ def cleanup(ctx: DemoContext) -> None:
 
 
 # -- phases ----------------------------------------------------------------------------------------
-def play_candidates(ctx: DemoContext, recorder: Any, client: Any, tasks: list[Any], samples: int, seed: int) -> list[Any]:
+def play_candidates(
+    recorder: Any, client: Any, tasks: list[Any], samples: int, env: EnvConfig, seed: int
+) -> list[Any]:
     """Play `samples` episodes of each task in this thread (the overfit check's small batches)."""
     from trajlake.rollout.envs.loop import play_group
 
     rng = random.Random(seed)
-    env = ctx.config.env
     results = []
     for task in tasks:
         results += play_group(recorder, task, task.task_id, samples, client, env, rng, "tinypolicy-d64")
@@ -240,22 +280,35 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
     cfg = ctx.config
     run_id = f"{cfg.run_id}-overfit"
     n_wanted, samples = cfg.overfit_tasks, cfg.overfit_samples
-    ctx.say(f"[1/2] overfit check: {n_wanted} tasks with non-zero reward variance, {samples} samples each (run {run_id})")
-    recorder = Recorder(ctx.producer, run_id, vocab_size=VOCAB_SIZE, producer_id="demo-overfit", flush_each_turn=False)
+    ctx.say(
+        f"[1/2] overfit check: {n_wanted} tasks with non-zero reward variance, {samples} samples each (run {run_id})"
+    )
+    recorder = Recorder(
+        ctx.producer, run_id, vocab_size=VOCAB_SIZE, producer_id="demo-overfit", flush_each_turn=False
+    )
     # every token keeps its gradient under GLM-5-style truncated IS, so repeated steps on one batch can overfit
-    trainer = make_trainer(ctx, run_id, recorder, "glm5", max_staleness=10**6, group_size=samples,
-                           groups_per_batch=n_wanted, group_wait_s=0.0)
+    trainer = make_trainer(
+        ctx,
+        run_id,
+        recorder,
+        "glm5",
+        max_staleness=10**6,
+        group_size=samples,
+        groups_per_batch=n_wanted,
+        group_wait_s=0.0,
+    )
     store = PolicyStore(trainer.policy.snapshot())
     client = LocalPolicyClient(store, cfg.seed + 1, cfg.env.temperature)
-    clean = ctx.config.model_copy(update={"env": cfg.env.model_copy(update={"faults": FaultConfig.none()})})
-    ctx_clean = DemoContext(clean, ctx.out, ctx.lake, ctx.catalog, ctx.producer, ctx.consumer, ctx.sink)
+    # learnability is under test here, not the harness: no injected faults
+    clean = cfg.env.model_copy(update={"faults": FaultConfig.none()})
     rng = random.Random(cfg.seed + 2)
-    played, index, selected, candidates = 0, 0, [], {}
+    played, index, selected = 0, 0, []
+    candidates: dict[str, Any] = {}
     for round_ in range(12):  # a random policy passes rarely: keep drawing candidates until 32 vary
-        tasks = [make_task(index + i, rng, cfg.env.max_string_len) for i in range(2 * n_wanted)]
+        tasks = [make_task(index + i, rng, clean) for i in range(2 * n_wanted)]
         index += len(tasks)
         candidates.update((t.task_id, t) for t in tasks)
-        results = play_candidates(ctx_clean, recorder, client, tasks, samples, cfg.seed + 100 + round_)
+        results = play_candidates(recorder, client, tasks, samples, clean, cfg.seed + 100 + round_)
         played += len(results)
         ctx.producer.flush()
         wait_for_trajectories(ctx.lake, ctx.sink, run_id, played)
@@ -270,11 +323,12 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
     before = [s.reward for s in batch.samples]
     losses = []
     for step in range(cfg.overfit_steps):
-        metrics = trainer.train_step(batch, commit=step == 0)  # the same batch each step: commit its hand-out once
+        # the same batch every step (that is the overfitting); its hand-out is committed once
+        metrics = trainer.train_step(batch, commit=step == 0)
         losses.append(metrics["loss"])
     store.publish(trainer.policy.snapshot())
     replay = [candidates[task_id] for task_id in chosen]
-    after_results = play_candidates(ctx_clean, recorder, client, replay, samples, cfg.seed + 999)
+    after_results = play_candidates(recorder, client, replay, samples, clean, cfg.seed + 999)
     after = [r.reward for r in after_results if r.reward is not None and not r.is_system_failure]
     report = {
         "run_id": run_id,
@@ -286,25 +340,27 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
         "reward_before": sum(before) / len(before),
         "reward_after": sum(after) / max(1, len(after)),
     }
-    ctx.say(f"  trained {cfg.overfit_steps} steps on them: loss {report['loss_first']:+.3f} -> {report['loss_last']:+.3f}, "
-            f"reward on these tasks {report['reward_before']:.2f} -> {report['reward_after']:.2f}")
+    ctx.say(
+        f"  trained {cfg.overfit_steps} steps on them: loss {report['loss_first']:+.3f} -> {report['loss_last']:+.3f}, "
+        f"reward on these tasks {report['reward_before']:.2f} -> {report['reward_after']:.2f}"
+    )
     return report
 
 
-def task_stream(seed: int, max_string_len: int) -> Any:
+def task_stream(seed: int, env: EnvConfig) -> Any:
     """An endless stream of fresh (task, group id) pairs: every prompt group is a new task."""
     from trajlake.rollout.envs.tasks import make_task
 
     rng = random.Random(seed)
     index = 0
     while True:
-        task = make_task(index, rng, max_string_len)
+        task = make_task(index, rng, env)
         index += 1
         yield task, task.task_id
 
 
 def start_workers(ctx: DemoContext, feed: Any, store: Any) -> Any:
-    """Rollout workers on local Ray actors, or threads with `--no-ray`; already started."""
+    """Rollout workers on a local Ray runtime, or threads with `--no-ray`; already started."""
     from trajlake.rollout.envs.loop import RolloutThreads
     from trajlake.rollout.envs.vocab import VOCAB_SIZE
     from trajlake.rollout.recorder import Recorder
@@ -312,15 +368,31 @@ def start_workers(ctx: DemoContext, feed: Any, store: Any) -> Any:
     cfg = ctx.config
 
     def make_recorder(i: int) -> Recorder:
-        return Recorder(ctx.producer, cfg.run_id, vocab_size=VOCAB_SIZE, producer_id=f"demo-rollout-{i}", flush_each_turn=False)
+        return Recorder(
+            ctx.producer,
+            cfg.run_id,
+            vocab_size=VOCAB_SIZE,
+            producer_id=f"demo-rollout-{i}",
+            flush_each_turn=False,
+        )
 
     if cfg.ray:
         from trajlake.rollout.envs.ray_workers import RolloutActors
 
-        workers: Any = RolloutActors(cfg.workers, feed, make_recorder(0), store, cfg.env, cfg.samples_per_group, cfg.seed)
+        workers: Any = RolloutActors(
+            cfg.workers, feed, make_recorder(0), store, cfg.env, cfg.samples_per_group, cfg.seed
+        )
     else:
-        workers = RolloutThreads(cfg.workers, feed, make_recorder, store, cfg.env, cfg.samples_per_group, cfg.seed,
-                                 model="tinypolicy-d64")
+        workers = RolloutThreads(
+            cfg.workers,
+            feed,
+            make_recorder,
+            store,
+            cfg.env,
+            cfg.samples_per_group,
+            cfg.seed,
+            model="tinypolicy-d64",
+        )
     workers.start()
     return workers
 
@@ -333,20 +405,27 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
     from trajlake.trainer.sampler import Sampler
 
     cfg = ctx.config
-    run_id = cfg.run_id
-    ctx.say(f"[2/2] async RL run: {cfg.steps} steps x {cfg.groups_per_step} groups x {cfg.samples_per_group} samples, "
-            f"max_staleness {cfg.max_staleness}, fresh weights")
+    run_id = ctx.run_id
+    ctx.say(
+        f"[2/2] async RL run: {cfg.steps} steps x {cfg.groups_per_step} groups x {cfg.samples_per_group} samples, "
+        f"max_staleness {cfg.max_staleness}, fresh weights"
+    )
     recorder = Recorder(ctx.producer, run_id, vocab_size=VOCAB_SIZE, producer_id="demo-trainer")
     trainer = make_trainer(ctx, run_id, recorder, "ppo")
     ctx.catalog.register_run(run_id, cfg.model_dump(mode="json"))
     store = PolicyStore(trainer.policy.snapshot())
-    feed = TaskFeed(task_stream(cfg.seed + 10_000, cfg.env.max_string_len), max_ahead=2 * cfg.groups_per_step)
+    feed = TaskFeed(task_stream(cfg.seed + 10_000, cfg.env), max_ahead=2 * cfg.groups_per_step)
     # groups whose samples all scored the same carry no GRPO signal: the trainer's sampler leaves
     # them out, but the demo falls back to them rather than stall once the policy solves (or
     # fails) everything alike
     with_signal = trainer.sampler
-    any_group = Sampler(ctx.lake, ctx.catalog, with_signal.config.model_copy(update={"drop_zero_variance": False}),
-                        owner=with_signal.owner, recorder=recorder)
+    any_group = Sampler(
+        ctx.lake,
+        ctx.catalog,
+        with_signal.config.model_copy(update={"drop_zero_variance": False}),
+        owner=with_signal.owner,
+        recorder=recorder,
+    )
     workers = start_workers(ctx, feed, store)
     progress = Progress(cfg.steps, "train", ctx.out)
     step = 0
@@ -368,7 +447,9 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
             store.publish(trainer.policy.snapshot())  # workers load it before their next turn
             sampler.commit(batch)
             step += 1
-            progress.update(reward=metrics["reward_mean"], loss=metrics["loss"], stale=metrics["staleness_max"])
+            progress.update(
+                reward=metrics["reward_mean"], loss=metrics["loss"], stale=metrics["staleness_max"]
+            )
     finally:
         progress.close()
         feed.stop()
@@ -383,13 +464,13 @@ def send_bad_messages(ctx: DemoContext) -> int:
     from trajlake.ingest.bus.base import Message
 
     cfg = ctx.config
-    problems = [
+    problems: list[dict[str, Any]] = [
         {"schema_version": 99},  # a schema version the platform does not know
         {"output_token_ids": [3, 10**6], "output_logprobs": [-0.1, -0.2]},  # a token id beyond the vocabulary
         {"output_token_ids": [3, 4], "output_logprobs": [-0.1, 0.5]},  # a positive logprob
     ]
     for i in range(cfg.bad_messages):
-        event = {
+        event: dict[str, Any] = {
             "event_id": f"legacy-{cfg.run_id}-{i}", "event_type": "turn", "schema_version": 1, "run_id": cfg.run_id,
             "trajectory_id": f"legacy-{cfg.run_id}-{i}", "seq": 1, "turn_index": 0, "policy_version": 0,
             "vocab_size": 64, "event_time": dt.datetime.now(dt.UTC).isoformat(), "producer_id": "legacy-harness",
@@ -397,14 +478,19 @@ def send_bad_messages(ctx: DemoContext) -> int:
         }  # fmt: skip
         event.update(problems[i % len(problems)])
         body = json.dumps(event).encode()
-        ctx.producer.send(Message(key=event["trajectory_id"], value=body,
-                                  headers={codec.CONTENT_TYPE_HEADER: codec.JSON_CONTENT_TYPE}))
+        ctx.producer.send(
+            Message(
+                key=event["trajectory_id"],
+                value=body,
+                headers={codec.CONTENT_TYPE_HEADER: codec.JSON_CONTENT_TYPE},
+            )
+        )
     return cfg.bad_messages
 
 
 def drain(ctx: DemoContext, run: dict[str, Any], n_bad: int) -> None:
     """Wait until everything the run published is in the lake: trajectories, versions, dead letters."""
-    run_id = ctx.config.run_id
+    run_id = ctx.run_id
     wait_for_trajectories(ctx.lake, ctx.sink, run_id, run["trajectories"])
     versions = f"select count(*) from policy_versions where run_id = '{run_id}'"
     wait_for_rows(ctx.lake, ctx.sink, versions, run["steps"], "policy versions")
@@ -420,10 +506,13 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> dict[str, Any]:
 
     out = out or sys.stdout
     ctx = setup(config, out)
+    config = ctx.config  # with its run id resolved
     try:
-        ctx.say(f"trajlake demo · run {config.run_id} · lake {ctx.lake.root} · "
-                f"bus {'kafka ' + config.kafka if config.kafka else 'in-process'} · "
-                f"workers {config.workers} {'ray' if config.ray else 'threads'}")
+        ctx.say(
+            f"trajlake demo · run {config.run_id} · lake {ctx.lake.root} · "
+            f"bus {'kafka ' + config.kafka if config.kafka else 'in-process'} · "
+            f"workers {config.workers} {'ray' if config.ray else 'threads'}"
+        )
         overfit = overfit_check(ctx) if config.overfit_tasks else None
         run = train_run(ctx)
         n_bad = send_bad_messages(ctx)

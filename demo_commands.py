@@ -21,23 +21,66 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train from the lake with a staleness-bounded sampler, and print what changed.",
     )
     add_lake_option(p)
-    p.add_argument("--steps", type=int, default=int(env_default("STEPS", "40") or 40),
-                   help="trainer steps = policy versions (env TRAJLAKE_STEPS; default %(default)s)")
-    p.add_argument("--kafka", default=env_default("KAFKA"), metavar="HOST:PORT",
-                   help="use the Kafka broker at HOST:PORT instead of the in-process bus (env TRAJLAKE_KAFKA)")
-    p.add_argument("--topic", default=env_default("TOPIC"),
-                   help="Kafka topic (env TRAJLAKE_TOPIC; default trajlake-demo-<run id>)")
-    p.add_argument("--no-ray", dest="ray", action="store_false", default=_bool_env("RAY", True),
-                   help="rollout workers as threads instead of local Ray actors (env TRAJLAKE_RAY=0)")
-    p.add_argument("--workers", type=int, default=int(env_default("WORKERS", "2") or 2),
-                   help="rollout workers (env TRAJLAKE_WORKERS; default %(default)s)")
-    p.add_argument("--seed", type=int, default=int(env_default("SEED", "0") or 0),
-                   help="seed of weights, tasks, sampling and faults (env TRAJLAKE_SEED; default %(default)s)")
-    p.add_argument("--run-id", default=env_default("RUN_ID"), help="run id (env TRAJLAKE_RUN_ID; default demo-<time>)")
-    p.add_argument("--overfit-tasks", type=int, default=int(env_default("OVERFIT_TASKS", "32") or 32),
-                   help="tasks in the overfit check, 0 to skip it (env TRAJLAKE_OVERFIT_TASKS; default %(default)s)")
-    p.add_argument("--json", dest="json_path", default=env_default("JSON"), metavar="PATH",
-                   help="also write the summary as JSON to PATH (env TRAJLAKE_JSON)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=int(env_default("STEPS", "40") or 40),
+        help="trainer steps = policy versions (env TRAJLAKE_STEPS; default %(default)s)",
+    )
+    p.add_argument(
+        "--kafka",
+        default=env_default("KAFKA"),
+        metavar="HOST:PORT",
+        help="use the Kafka broker at HOST:PORT instead of the in-process bus (env TRAJLAKE_KAFKA)",
+    )
+    p.add_argument(
+        "--topic",
+        default=env_default("TOPIC"),
+        help="Kafka topic (env TRAJLAKE_TOPIC; default trajlake-demo-<run id>)",
+    )
+    p.add_argument(
+        "--no-ray",
+        dest="ray",
+        action="store_false",
+        default=_bool_env("RAY", True),
+        help="rollout workers as threads instead of local Ray tasks (env TRAJLAKE_RAY=0)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=int(env_default("WORKERS", "2") or 2),
+        help="rollout workers (env TRAJLAKE_WORKERS; default %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=int(env_default("SEED", "0") or 0),
+        help="seed of weights, tasks, sampling and faults (env TRAJLAKE_SEED; default %(default)s)",
+    )
+    p.add_argument(
+        "--run-id",
+        default=env_default("RUN_ID"),
+        help="run id (env TRAJLAKE_RUN_ID; default demo, or demo-<time> if the lake has a demo run)",
+    )
+    p.add_argument(
+        "--overfit-tasks",
+        type=int,
+        default=int(env_default("OVERFIT_TASKS", "32") or 32),
+        help="tasks in the overfit check, 0 to skip it (env TRAJLAKE_OVERFIT_TASKS; default %(default)s)",
+    )
+    p.add_argument(
+        "--fault-rate",
+        type=float,
+        default=float(env_default("FAULT_RATE", "1") or 1),
+        help="multiply every injected fault rate, 0 for none (env TRAJLAKE_FAULT_RATE; default %(default)s)",
+    )
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        default=env_default("JSON"),
+        metavar="PATH",
+        help="also write the summary as JSON to PATH (env TRAJLAKE_JSON)",
+    )
     p.set_defaults(handler=handle)
 
 
@@ -48,10 +91,22 @@ def handle(args: argparse.Namespace) -> int:
     from trajlake.demo import DemoConfig, run_demo, summary_json
 
     try:
-        config = DemoConfig(lake=args.lake, steps=args.steps, kafka=args.kafka, topic=args.topic, ray=args.ray,
-                            workers=args.workers, seed=args.seed, run_id=args.run_id, overfit_tasks=args.overfit_tasks)
+        config = DemoConfig(
+            lake=args.lake,
+            steps=args.steps,
+            kafka=args.kafka,
+            topic=args.topic,
+            ray=args.ray,
+            workers=args.workers,
+            seed=args.seed,
+            run_id=args.run_id,
+            overfit_tasks=args.overfit_tasks,
+            fault_rate=args.fault_rate,
+        )
     except ValidationError as err:
-        problems = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors())
+        problems = "; ".join(
+            f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors()
+        )
         raise CliError(f"invalid demo settings: {problems}") from None
     summary = run_demo(config)
     if args.json_path:

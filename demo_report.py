@@ -11,6 +11,16 @@ from __future__ import annotations
 import shlex
 from typing import Any, TextIO
 
+VERSION_COLUMNS = (
+    "policy_version",
+    "n_trajectories",
+    "n_scored",
+    "reward_mean",
+    "pass_at_1",
+    "n_system_failures",
+    "n_model_failures",
+)
+
 LEARNING_MARGIN = 0.2
 """The last fifth of versions must beat the first fifth by this much mean reward."""
 
@@ -27,15 +37,12 @@ def fifths(values: list[float]) -> tuple[float, float]:
 
 
 def _count(lake: Any, table: str, run_id: str) -> int:
-    try:
-        return int(lake.sql(f"select count(*) from {table} where run_id = '{run_id}'").column(0)[0].as_py())
-    except Exception as err:  # a table that was never written has no view: it holds nothing
-        if "does not exist" in str(err) or "Catalog Error" in str(err):
-            return 0
-        raise
+    return int(lake.sql(f"select count(*) from {table} where run_id = '{run_id}'").column(0)[0].as_py())
 
 
-def summarize(lake: Any, config: Any, overfit: dict[str, Any] | None, run: dict[str, Any], elapsed_s: float) -> dict[str, Any]:
+def summarize(
+    lake: Any, config: Any, overfit: dict[str, Any] | None, run: dict[str, Any], elapsed_s: float
+) -> dict[str, Any]:
     """Every figure of the summary, JSON-ready."""
     from trajlake.dashboards import metrics
 
@@ -45,9 +52,10 @@ def summarize(lake: Any, config: Any, overfit: dict[str, Any] | None, run: dict[
     first, last = fifths([r["reward_mean"] for r in scored])
     versions = [r["policy_version"] for r in scored]
     k = max(1, len(versions) // 5)
-    early, late = (versions[0], versions[k - 1]), (versions[-k], versions[-1])
+    early, late = ((versions[0], versions[k - 1]), (versions[-k], versions[-1])) if versions else (None, None)
     behaviour = {
-        name: metrics.rows(metrics.behaviour_by_version(lake, run_id, rng)) for name, rng in (("early", early), ("late", late))
+        name: metrics.rows(metrics.behaviour_by_version(lake, run_id, rng))
+        for name, rng in (("early", early), ("late", late))
     }
     spans = lake.sql(
         f"""select count(*) filter (where policy_version_max > policy_version_min) as spanning, count(*) as n
@@ -66,16 +74,14 @@ def summarize(lake: Any, config: Any, overfit: dict[str, Any] | None, run: dict[
         "steps": run["steps"],
         "trajectories": run["trajectories"],
         "overfit": overfit,
-        "reward_by_version": [
-            {k: r[k] for k in ("policy_version", "n_trajectories", "n_scored", "reward_mean", "pass_at_1",
-                               "n_system_failures", "n_model_failures")}  # fmt: skip
-            for r in by_version
-        ],
+        "reward_by_version": [{k: r[k] for k in VERSION_COLUMNS} for r in by_version],
         "reward_first_fifth": first,
         "reward_last_fifth": last,
         "learned": last - first >= LEARNING_MARGIN,
         "pass_at_k": {
-            "early": metrics.rows(metrics.pass_at_k_curve(lake, run_id, early, max_k=config.samples_per_group)),
+            "early": metrics.rows(
+                metrics.pass_at_k_curve(lake, run_id, early, max_k=config.samples_per_group)
+            ),
             "late": metrics.rows(metrics.pass_at_k_curve(lake, run_id, late, max_k=config.samples_per_group)),
         },
         "behaviour": {name: _pool(rows) for name, rows in behaviour.items()},
@@ -109,21 +115,29 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
     p = lambda text="": print(text, file=out)  # noqa: E731
     run_id, lake = summary["run_id"], summary["lake"]
     p()
-    p(f"== trajlake demo: run {run_id} finished in {summary['elapsed_s']:.0f}s "
-      f"({summary['steps']} steps, {summary['trajectories']} trajectories) ==")
+    p(
+        f"== trajlake demo: run {run_id} finished in {summary['elapsed_s']:.0f}s "
+        f"({summary['steps']} steps, {summary['trajectories']} trajectories) =="
+    )
     if summary["overfit"]:
         o = summary["overfit"]
-        p(f"overfit check  {o['tasks']} tasks with reward variance: reward {o['reward_before']:.2f} -> "
-          f"{o['reward_after']:.2f} after {o['steps']} steps (run {o['run_id']})")
+        p(
+            f"overfit check  {o['tasks']} tasks with reward variance: reward {o['reward_before']:.2f} -> "
+            f"{o['reward_after']:.2f} after {o['steps']} steps (run {o['run_id']})"
+        )
     p()
     p("reward by policy version (scored = finished, not a system failure)")
     p("  version  trajectories  scored  reward  pass@1  system_failures")
     for r in summary["reward_by_version"]:
-        p(f"  {r['policy_version']:>7}  {r['n_trajectories']:>12}  {r['n_scored']:>6}  {_fmt(r['reward_mean']):>6}  "
-          f"{_fmt(r['pass_at_1']):>6}  {r['n_system_failures']:>15}")
+        p(
+            f"  {r['policy_version']:>7}  {r['n_trajectories']:>12}  {r['n_scored']:>6}  {_fmt(r['reward_mean']):>6}  "
+            f"{_fmt(r['pass_at_1']):>6}  {r['n_system_failures']:>15}"
+        )
     verdict = "LEARNED" if summary["learned"] else "did NOT learn enough"
-    p(f"mean reward, first fifth of versions {summary['reward_first_fifth']:.2f} -> last fifth "
-      f"{summary['reward_last_fifth']:.2f}: {verdict} (needs +{LEARNING_MARGIN})")
+    p(
+        f"mean reward, first fifth of versions {summary['reward_first_fifth']:.2f} -> last fifth "
+        f"{summary['reward_last_fifth']:.2f}: {verdict} (needs +{LEARNING_MARGIN})"
+    )
     for name in ("early", "late"):
         curve = "  ".join(f"pass@{r['k']}={r['pass_at_k']:.2f}" for r in summary["pass_at_k"][name])
         p(f"pass@k ({name} versions)  {curve}")
@@ -136,9 +150,11 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
     p("failures (trajectories) by label and origin")
     for r in summary["failures"]:
         p(f"  {r['label']:<18} {r['origin']:<7} {r['n_trajectories']:>6}  ({r['share']:.1%})")
-    p(f"trajectories spanning policy versions: {summary['spanning_trajectories']}; staleness max "
-      f"{summary['staleness']['max']}, mean {_fmt(summary['staleness']['mean'])}; train/rollout logprob "
-      f"mismatch mean {_fmt(summary['mismatch']['mean'], '.4f')}")
+    p(
+        f"trajectories spanning policy versions: {summary['spanning_trajectories']}; staleness max "
+        f"{summary['staleness']['max']}, mean {_fmt(summary['staleness']['mean'])}; train/rollout logprob "
+        f"mismatch mean {_fmt(summary['mismatch']['mean'], '.4f')}"
+    )
     p("rows per table: " + ", ".join(f"{t} {n}" for t, n in summary["tables"].items()))
     p()
     lake_q = shlex.quote(lake)
@@ -146,6 +162,8 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
     p(f"dashboard: trajlake dashboard --lake {lake_q}")
     p(f"metrics:   trajlake metrics --lake {lake_q} --run {run_id}")
     p(f"ablation:  trajlake ablate --lake {lake_q} --run {run_id}")
-    query = (f"select policy_version_min as v, avg(reward) as reward, count(*) as n from trajectories "
-             f"where run_id = '{run_id}' group by v order by v")
+    query = (
+        f"select policy_version_min as v, avg(reward) as reward, count(*) as n from trajectories "
+        f"where run_id = '{run_id}' group by v order by v"
+    )
     p(f"SQL:       trajlake sql --lake {lake_q} {shlex.quote(query)}")

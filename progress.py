@@ -10,7 +10,9 @@ from typing import Any
 class Progress:
     """Counts work done; draws a tqdm bar on a TTY, else prints a line every `every_s` seconds."""
 
-    def __init__(self, total: int | None, desc: str, unit: str = "it", every_s: float = 5.0, stream: Any = None) -> None:
+    def __init__(
+        self, total: int | None, desc: str, unit: str = "it", every_s: float = 5.0, stream: Any = None
+    ) -> None:
         self.total = total
         self.desc = desc
         self.unit = unit
@@ -39,7 +41,9 @@ class Progress:
     def _line(self) -> None:
         rate = self.n / max(time.monotonic() - self._start, 1e-9)
         of = f"/{self.total}" if self.total is not None else ""
-        print(f"{self.desc}: {self.n}{of} {self.unit} ({rate:,.0f} {self.unit}/s)", file=self.stream, flush=True)
+        print(
+            f"{self.desc}: {self.n}{of} {self.unit} ({rate:,.0f} {self.unit}/s)", file=self.stream, flush=True
+        )
 
     def close(self) -> None:
         """Finish the bar, or print a final line."""

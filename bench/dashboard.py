@@ -28,6 +28,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+
 from trajlake.dashboards import metrics as m
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.sink import DeltaSink, SinkConfig

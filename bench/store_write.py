@@ -41,8 +41,18 @@ def jsonl_records(events: pa.Table) -> list[dict]:
         tid = e["trajectory_id"]
         if tid is None:
             continue
-        r = by_traj.setdefault(tid, {"trajectory_id": tid, "prompt_token_ids": [], "response_ids": [],
-                                     "rollout_logprobs": [], "loss_mask": [], "reward": None, "status": None})
+        r = by_traj.setdefault(
+            tid,
+            {
+                "trajectory_id": tid,
+                "prompt_token_ids": [],
+                "response_ids": [],
+                "rollout_logprobs": [],
+                "loss_mask": [],
+                "reward": None,
+                "status": None,
+            },
+        )
         if e["event_type"] == "turn":
             inp = e["input_token_ids"] or []
             r["response_ids"] += inp + e["output_token_ids"]
@@ -63,16 +73,27 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
     n = args.trajectories or (200 if args.quick else 2000)
-    config = LoadgenConfig(trajectories=n, run_id="bench", turns=8, max_turns=32, prompt_tokens=1024,
-                           output_tokens=640, env_tokens=320, context_budget_tokens=65_536, seed=1)
+    config = LoadgenConfig(
+        trajectories=n,
+        run_id="bench",
+        turns=8,
+        max_turns=32,
+        prompt_tokens=1024,
+        output_tokens=640,
+        env_tokens=320,
+        context_budget_tokens=65_536,
+        seed=1,
+    )
 
     bus = InProcessBus()
     counts = generate(bus, config)
     messages = bus.poll(max_messages=10**9, timeout_s=0)
     tables = [codec.decode(m.value, m.headers)[0] for m in messages]
     events = pa.concat_tables(tables)
-    print(f"run: {counts.trajectories} trajectories, {counts.events} events, {counts.tokens:,} tokens, "
-          f"{len(messages)} messages")
+    print(
+        f"run: {counts.trajectories} trajectories, {counts.events} events, {counts.tokens:,} tokens, "
+        f"{len(messages)} messages"
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -91,8 +112,11 @@ def main() -> None:
         replay = InProcessBus()
         for m in messages:
             replay.send(codec_message(m))
-        sink = DeltaSink(lake, replay, SinkConfig(max_rows=1_000_000, max_bytes=1 << 40, max_latency_s=3600,
-                                                  update_projections=False))
+        sink = DeltaSink(
+            lake,
+            replay,
+            SinkConfig(max_rows=1_000_000, max_bytes=1 << 40, max_latency_s=3600, update_projections=False),
+        )
         t0 = time.perf_counter()
         while replay.pending():
             sink.poll_once()
@@ -124,8 +148,10 @@ def main() -> None:
                 a[1] += r["reward"] or 0.0
                 a[2] += len(r["response_ids"])
         jsonl_query_s = time.perf_counter() - t0
-        query = ("select status, count(*), sum(coalesce(reward, 0)), sum(total_tokens) "
-                 "from trajectories group by status")
+        query = (
+            "select status, count(*), sum(coalesce(reward, 0)), sum(total_tokens) "
+            "from trajectories group by status"
+        )
         lake.sql(query)  # warm the view registration once, as a dashboard would
         t0 = time.perf_counter()
         lake.sql(query)
@@ -160,18 +186,30 @@ def main() -> None:
         "duckdb_query_s": duck_query_s,
         "query_speedup": jsonl_query_s / duck_query_s,
     }
-    print(f"store write:      {figures['store_tokens_per_s']:>14,.0f} tokens/s ({store_s:.2f} s, "
-          f"{figures['store_mb_per_s']:.0f} MB/s of Arrow)")
-    print(f"+ projections:    {figures['store_with_projections_tokens_per_s']:>14,.0f} tokens/s "
-          f"(catch-up {project_s:.2f} s; ratio {figures['ratio_with_projections']:.2f})")
+    print(
+        f"store write:      {figures['store_tokens_per_s']:>14,.0f} tokens/s ({store_s:.2f} s, "
+        f"{figures['store_mb_per_s']:.0f} MB/s of Arrow)"
+    )
+    print(
+        f"+ projections:    {figures['store_with_projections_tokens_per_s']:>14,.0f} tokens/s "
+        f"(catch-up {project_s:.2f} s; ratio {figures['ratio_with_projections']:.2f})"
+    )
     print(f"raw parquet:      {figures['raw_parquet_tokens_per_s']:>14,.0f} tokens/s ({raw_s:.2f} s)")
     print(f"raw parquet zstd: {tokens / raw_zstd_s:>14,.0f} tokens/s ({raw_zstd_s:.2f} s)")
-    print(f"ratio store/raw:  {figures['ratio']:.2f} vs defaults, {figures['ratio_vs_zstd']:.2f} vs zstd  (goal >= 0.8)")
-    print(f"lake bytes/token: {figures['lake_bytes_per_token']:.2f}  (all tables; raw parquet "
-          f"{figures['raw_parquet_bytes_per_token']:.2f}, zstd {figures['raw_parquet_zstd_bytes_per_token']:.2f}; goal <= 6)")
-    print(f"JSONL:            {jsonl_bytes / 1e6:.1f} MB = {figures['jsonl_over_lake_size']:.1f}x the lake (goal >= 4)")
-    print(f"aggregate:        JSONL {jsonl_query_s * 1000:.0f} ms vs DuckDB on the lake {duck_query_s * 1000:.1f} ms "
-          f"= {figures['query_speedup']:.0f}x (goal >= 20)")
+    print(
+        f"ratio store/raw:  {figures['ratio']:.2f} vs defaults, {figures['ratio_vs_zstd']:.2f} vs zstd  (goal >= 0.8)"
+    )
+    print(
+        f"lake bytes/token: {figures['lake_bytes_per_token']:.2f}  (all tables; raw parquet "
+        f"{figures['raw_parquet_bytes_per_token']:.2f}, zstd {figures['raw_parquet_zstd_bytes_per_token']:.2f}; goal <= 6)"
+    )
+    print(
+        f"JSONL:            {jsonl_bytes / 1e6:.1f} MB = {figures['jsonl_over_lake_size']:.1f}x the lake (goal >= 4)"
+    )
+    print(
+        f"aggregate:        JSONL {jsonl_query_s * 1000:.0f} ms vs DuckDB on the lake {duck_query_s * 1000:.1f} ms "
+        f"= {figures['query_speedup']:.0f}x (goal >= 20)"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=2))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import streamlit as st
+
 from trajlake.dashboards import metrics
 from trajlake.dashboards.views import (
     async_health,

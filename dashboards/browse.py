@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+
 from trajlake.dashboards.query import (
     EVENTS,
     TOOL_CALLS,

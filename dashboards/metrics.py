@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+
 from trajlake.dashboards.browse import (
     find_trajectories,
     trajectory_summary,
@@ -293,6 +294,11 @@ def staleness_distribution(lake: Any, run_id: str) -> pa.Table:
     )
 
 
+CATEGORIES = {
+    "difficulty": ["easy (>75% pass)", "medium", "hard (<25% pass)", "unscored"],
+    "length": ["01-02 turns", "03-05 turns", "06-10 turns", "11-20 turns", "21+ turns"],
+}
+"""Buffer-composition categories, in the order charts colour them."""
 DIFFICULTY_SQL = """CASE WHEN d.pass_rate IS NULL THEN 'unscored'
      WHEN d.pass_rate < 0.25 THEN 'hard (<25% pass)' WHEN d.pass_rate > 0.75 THEN 'easy (>75% pass)'
      ELSE 'medium' END"""

@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,12 @@ class BrokerConfig(BaseModel):
     heap: str = Field("512m", description="JVM max heap (-Xmx)")
     log_level: str = Field("WARN", description="broker log4j root level")
     start_timeout_s: float = Field(120.0, gt=0, description="how long to wait for the broker to answer")
+    sasl_port: int | None = Field(
+        None, ge=1, le=65535, description="also serve SASL_PLAINTEXT (mechanism PLAIN) on this port"
+    )
+    sasl_users: dict[str, SecretStr] = Field(
+        default_factory=dict, description="PLAIN users of the SASL listener: name -> password (never printed)"
+    )
 
 
 def cache_dir(version: str = KAFKA_VERSION) -> Path:
@@ -126,15 +132,31 @@ def free_port() -> int:
 
 def _server_properties(config: BrokerConfig, controller_port: int) -> str:
     data = config.data_dir.resolve()
+    listeners = f"PLAINTEXT://127.0.0.1:{config.port},CONTROLLER://127.0.0.1:{controller_port}"
+    advertised = f"PLAINTEXT://127.0.0.1:{config.port}"
+    protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    sasl: dict[str, str] = {}
+    if config.sasl_port is not None:
+        listeners += f",SASL_PLAINTEXT://127.0.0.1:{config.sasl_port}"
+        advertised += f",SASL_PLAINTEXT://127.0.0.1:{config.sasl_port}"
+        protocols += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+        users = " ".join(f'user_{name}="{pw.get_secret_value()}"' for name, pw in config.sasl_users.items())
+        sasl = {
+            "sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            ),
+        }
     props = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{config.port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{config.port}",
+        "listeners": listeners,
+        "advertised.listeners": advertised,
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map": protocols,
+        **sasl,
         "log.dirs": str(data / "kraft-logs"),
         "num.partitions": str(config.partitions),
         "auto.create.topics.enable": "true",
@@ -204,11 +226,14 @@ def start_broker(config: BrokerConfig) -> str:
     controller_port = config.controller_port or free_port()
     props = data / "server.properties"
     props.write_text(_server_properties(config, controller_port))
+    props.chmod(0o600)  # may hold SASL passwords
     (data / "log4j2.properties").write_text(
         _LOG4J2.format(log_file=data / "server.log", level=config.log_level)
     )
     if not (data / "kraft-logs" / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # as Kafka's own ids: a leading "-" would read as an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         fmt = _java(
             libs,
             "kafka.tools.StorageTool",

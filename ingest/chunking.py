@@ -189,31 +189,39 @@ class ChunkAssembler:
         queue = self._queue[partition]
         sets = self._sets.get(partition, {})
         out: list[Released] = []
+        emitted: list[str] = []
+        opened: set[str] = set()  # sets whose first chunk was passed but not yet their last
+        safe_out, safe_queue, safe_emitted = 0, 0, 0
         i = 0
         while i < len(queue):
             message, reason = queue[i]
             if reason is not None or not is_chunk(message):
                 out.append(Released(message, reason))
-                i += 1
-                continue
-            set_id = message.headers[CHUNK_ID]
-            pending = sets[set_id]
-            complete = len(pending.parts) == pending.count
-            if not complete and pending.failed is None:
-                if len(queue) - i <= self.max_gap:
-                    break  # wait for the rest of the set; hold everything after it
-                missing = sorted(set(range(pending.count)) - set(pending.parts))
-                pending.failed = (
-                    f"chunk set {set_id} incomplete: missing chunk(s) {missing[:10]} of {pending.count} "
-                    f"after {self.max_gap} later messages on partition {partition}"
-                )
-            offset = message.position.offset if message.position else -1
-            if offset == pending.last_offset():
-                out.append(self._assemble(set_id, pending))
-                del sets[set_id]
+            else:
+                set_id = message.headers[CHUNK_ID]
+                pending = sets[set_id]
+                if len(pending.parts) < pending.count and pending.failed is None:
+                    if len(queue) - i <= self.max_gap:
+                        break  # wait for the rest of the set; hold everything after it
+                    missing = sorted(set(range(pending.count)) - set(pending.parts))
+                    pending.failed = (
+                        f"chunk set {set_id} incomplete: missing chunk(s) {missing[:10]} of {pending.count} "
+                        f"after {self.max_gap} later messages on partition {partition}"
+                    )
+                offset = message.position.offset if message.position else -1
+                if offset == pending.last_offset():
+                    out.append(self._assemble(set_id, pending))
+                    emitted.append(set_id)
+                    opened.discard(set_id)
+                else:
+                    opened.add(set_id)
             i += 1
-        del queue[:i]
-        return out
+            if not opened:  # everything up to here is complete: a commit may cover it
+                safe_out, safe_queue, safe_emitted = len(out), i, len(emitted)
+        for set_id in emitted[:safe_emitted]:
+            del sets[set_id]
+        del queue[:safe_queue]
+        return out[:safe_out]
 
     def _assemble(self, set_id: str, pending: _PendingSet) -> Released:
         got = sorted(pending.parts)

@@ -89,7 +89,12 @@ def _decode_json(value: bytes) -> tuple[pa.Table, list[tuple[Any, str]]]:
         if isinstance(item, dict):
             events.append(item)
         else:
-            bad.append((item, f"JSON value of type {type(item).__name__} is not an event object; send an object or an array of objects"))
+            bad.append(
+                (
+                    item,
+                    f"JSON value of type {type(item).__name__} is not an event object; send an object or an array of objects",
+                )
+            )
     table, rejects = try_events_to_table(events)
     bad.extend((events[i], reason) for i, reason in rejects)
     return table, bad

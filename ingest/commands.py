@@ -14,16 +14,31 @@ DEFAULT_BROKER_DIR = "./trajlake-kafka"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `kafka up|down` and `ingest`."""
-    kafka = subparsers.add_parser("kafka", help="a local Apache Kafka broker (KRaft, no Docker) for dev and tests")
+    kafka = subparsers.add_parser(
+        "kafka", help="a local Apache Kafka broker (KRaft, no Docker) for dev and tests"
+    )
     actions = kafka.add_subparsers(dest="kafka_command", metavar="ACTION")
-    up = actions.add_parser("up", help="fetch Kafka from Maven Central (cached), format storage, start a broker")
-    up.add_argument("--port", type=int, default=int(env_default("KAFKA_PORT", "9092") or 9092),
-                    help="client port on 127.0.0.1 (env TRAJLAKE_KAFKA_PORT; default %(default)s)")
+    up = actions.add_parser(
+        "up", help="fetch Kafka from Maven Central (cached), format storage, start a broker"
+    )
+    up.add_argument(
+        "--port",
+        type=int,
+        default=int(env_default("KAFKA_PORT", "9092") or 9092),
+        help="client port on 127.0.0.1 (env TRAJLAKE_KAFKA_PORT; default %(default)s)",
+    )
     _data_dir_option(up)
-    up.add_argument("--partitions", type=int, default=int(env_default("KAFKA_PARTITIONS", "4") or 4),
-                    help="default partitions of new topics (env TRAJLAKE_KAFKA_PARTITIONS; default %(default)s)")
-    up.add_argument("--heap", default=env_default("KAFKA_HEAP", "512m"),
-                    help="JVM max heap (env TRAJLAKE_KAFKA_HEAP; default %(default)s)")
+    up.add_argument(
+        "--partitions",
+        type=int,
+        default=int(env_default("KAFKA_PARTITIONS", "4") or 4),
+        help="default partitions of new topics (env TRAJLAKE_KAFKA_PARTITIONS; default %(default)s)",
+    )
+    up.add_argument(
+        "--heap",
+        default=env_default("KAFKA_HEAP", "512m"),
+        help="JVM max heap (env TRAJLAKE_KAFKA_HEAP; default %(default)s)",
+    )
     up.set_defaults(handler=run_kafka_up)
     down = actions.add_parser("down", help="stop the broker started in --data-dir")
     _data_dir_option(down)
@@ -32,32 +47,75 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("ingest", help="the exactly-once sink: Kafka topic -> Delta lake")
     add_lake_option(p)
-    p.add_argument("--kafka", default=env_default("KAFKA"), metavar="HOST:PORT",
-                   help="bootstrap servers (env TRAJLAKE_KAFKA; required)")
-    p.add_argument("--topic", default=env_default("TOPIC", "trajlake-events"),
-                   help="topic to consume (env TRAJLAKE_TOPIC; default %(default)s)")
-    p.add_argument("--group", default=env_default("GROUP", "trajlake-sink"),
-                   help="consumer group shared by all sink processes (env TRAJLAKE_GROUP; default %(default)s)")
-    p.add_argument("--until-idle", type=float, default=_float_env("UNTIL_IDLE"), metavar="S",
-                   help="exit after S seconds without new messages (env TRAJLAKE_UNTIL_IDLE; default: run until SIGTERM)")
-    p.add_argument("--max-rows", type=int, default=int(env_default("MAX_ROWS", "50000") or 50000),
-                   help="flush after this many events (env TRAJLAKE_MAX_ROWS; default %(default)s)")
-    p.add_argument("--max-latency", type=float, default=_float_env("MAX_LATENCY") or 1.0, metavar="S",
-                   help="flush at least every S seconds (env TRAJLAKE_MAX_LATENCY; default %(default)s)")
-    p.add_argument("--metrics-port", type=int, default=_int_env("METRICS_PORT"),
-                   help="serve Prometheus metrics on this port (env TRAJLAKE_METRICS_PORT; 0 = any free port; default off)")
-    p.add_argument("--metrics-host", default=env_default("METRICS_HOST", "127.0.0.1"),
-                   help="address of the metrics endpoint (env TRAJLAKE_METRICS_HOST; default %(default)s)")
-    p.add_argument("--log-interval", type=float, default=_float_env("LOG_INTERVAL") or 10.0, metavar="S",
-                   help="seconds between progress log lines (env TRAJLAKE_LOG_INTERVAL; default %(default)s)")
-    p.add_argument("--no-exactly-once", action="store_true", default=env_default("NO_EXACTLY_ONCE", "") == "1",
-                   help="do not store offsets in the Delta log (benchmarks only; env TRAJLAKE_NO_EXACTLY_ONCE=1)")
+    p.add_argument(
+        "--kafka",
+        default=env_default("KAFKA"),
+        metavar="HOST:PORT",
+        help="bootstrap servers (env TRAJLAKE_KAFKA; required)",
+    )
+    p.add_argument(
+        "--topic",
+        default=env_default("TOPIC", "trajlake-events"),
+        help="topic to consume (env TRAJLAKE_TOPIC; default %(default)s)",
+    )
+    p.add_argument(
+        "--group",
+        default=env_default("GROUP", "trajlake-sink"),
+        help="consumer group shared by all sink processes (env TRAJLAKE_GROUP; default %(default)s)",
+    )
+    p.add_argument(
+        "--until-idle",
+        type=float,
+        default=_float_env("UNTIL_IDLE"),
+        metavar="S",
+        help="exit after S seconds without new messages (env TRAJLAKE_UNTIL_IDLE; default: run until SIGTERM)",
+    )
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=int(env_default("MAX_ROWS", "50000") or 50000),
+        help="flush after this many events (env TRAJLAKE_MAX_ROWS; default %(default)s)",
+    )
+    p.add_argument(
+        "--max-latency",
+        type=float,
+        default=_float_env("MAX_LATENCY") or 1.0,
+        metavar="S",
+        help="flush at least every S seconds (env TRAJLAKE_MAX_LATENCY; default %(default)s)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=_int_env("METRICS_PORT"),
+        help="serve Prometheus metrics on this port (env TRAJLAKE_METRICS_PORT; 0 = any free port; default off)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default=env_default("METRICS_HOST", "127.0.0.1"),
+        help="address of the metrics endpoint (env TRAJLAKE_METRICS_HOST; default %(default)s)",
+    )
+    p.add_argument(
+        "--log-interval",
+        type=float,
+        default=_float_env("LOG_INTERVAL") or 10.0,
+        metavar="S",
+        help="seconds between progress log lines (env TRAJLAKE_LOG_INTERVAL; default %(default)s)",
+    )
+    p.add_argument(
+        "--no-exactly-once",
+        action="store_true",
+        default=env_default("NO_EXACTLY_ONCE", "") == "1",
+        help="do not store offsets in the Delta log (benchmarks only; env TRAJLAKE_NO_EXACTLY_ONCE=1)",
+    )
     p.set_defaults(handler=run_ingest)
 
 
 def _data_dir_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", default=env_default("KAFKA_DATA_DIR", DEFAULT_BROKER_DIR),
-                        help="broker storage, logs and pid file (env TRAJLAKE_KAFKA_DATA_DIR; default %(default)s)")
+    parser.add_argument(
+        "--data-dir",
+        default=env_default("KAFKA_DATA_DIR", DEFAULT_BROKER_DIR),
+        help="broker storage, logs and pid file (env TRAJLAKE_KAFKA_DATA_DIR; default %(default)s)",
+    )
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -83,7 +141,9 @@ def run_kafka_up(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        config = BrokerConfig(port=args.port, data_dir=Path(args.data_dir), partitions=args.partitions, heap=args.heap)
+        config = BrokerConfig(
+            port=args.port, data_dir=Path(args.data_dir), partitions=args.partitions, heap=args.heap
+        )
         bootstrap = start_broker(config)
     except (ValidationError, BrokerError) as err:
         raise CliError(str(err)) from None
@@ -114,7 +174,9 @@ def run_ingest(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)
     try:
         kafka = KafkaConfig.from_env(bootstrap=args.kafka, topic=args.topic, group_id=args.group)
-        sink = SinkConfig(max_rows=args.max_rows, max_latency_s=args.max_latency, exactly_once=not args.no_exactly_once)
+        sink = SinkConfig(
+            max_rows=args.max_rows, max_latency_s=args.max_latency, exactly_once=not args.no_exactly_once
+        )
     except ValidationError as err:
         raise CliError(str(err)) from None
     stats = serve(
@@ -125,5 +187,14 @@ def run_ingest(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         log_interval_s=args.log_interval,
     )
-    print(json.dumps({"messages": stats.messages, "events": stats.events, "dead_letters": stats.dead_letters, "commits": stats.commits}))
+    print(
+        json.dumps(
+            {
+                "messages": stats.messages,
+                "events": stats.events,
+                "dead_letters": stats.dead_letters,
+                "commits": stats.commits,
+            }
+        )
+    )
     return 0

@@ -29,7 +29,8 @@ class KafkaConfig(BaseModel):
     topic: str = Field(DEFAULT_TOPIC, min_length=1, description="topic that carries events")
     group_id: str = Field(DEFAULT_GROUP, min_length=1, description="consumer group of the sink processes")
     group_instance_id: str | None = Field(
-        None, description="static group membership: a restarted sink with the same id gets its partitions back at once"
+        None,
+        description="static group membership: a restarted sink with the same id gets its partitions back at once",
     )
     client_id: str = Field("trajlake", description="client id shown in broker logs")
     partitions: int = Field(4, ge=1, le=10_000, description="partitions when this client creates the topic")
@@ -43,7 +44,9 @@ class KafkaConfig(BaseModel):
     linger_ms: int = Field(5, ge=0, description="producer batching delay")
     batch_bytes: int = Field(512 * 1024, ge=1024, description="producer batch size per partition")
     buffer_memory_bytes: int = Field(
-        32 * 1024 * 1024, ge=1024 * 1024, description="bytes sent but not yet acknowledged (bounded memory) before spooling to disk"
+        32 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="bytes sent but not yet acknowledged (bounded memory) before spooling to disk",
     )
     delivery_timeout_s: float = Field(
         120.0, gt=0, description="how long the producer retries a batch (idempotently) before spooling it"
@@ -60,7 +63,9 @@ class KafkaConfig(BaseModel):
     fetch_max_bytes: int = Field(
         16 * 1024 * 1024, ge=1 << 20, description="consumer: bytes per partition fetch"
     )
-    session_timeout_s: float = Field(10.0, ge=1, description="consumer: group session timeout (a killed sink's partitions move after it)")
+    session_timeout_s: float = Field(
+        10.0, ge=1, description="consumer: group session timeout (a killed sink's partitions move after it)"
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="how to talk to the brokers"
     )
@@ -100,6 +105,10 @@ class KafkaConfig(BaseModel):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 problems.append(f"{name} {path} does not exist (TRAJLAKE_KAFKA_{name.upper()})")
+        if self.delivery_timeout_s * 1000 < self.linger_ms + 1000:
+            problems.append(
+                "delivery_timeout_s must exceed linger_ms + 1 s (TRAJLAKE_KAFKA_DELIVERY_TIMEOUT_S)"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

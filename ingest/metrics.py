@@ -17,7 +17,9 @@ log = logging.getLogger(__name__)
 class SinkMetrics:
     """Exposes a `DeltaSink`'s totals and its bus's lag; logs a summary every `log_interval_s`."""
 
-    def __init__(self, sink: Any, port: int | None = None, host: str = "127.0.0.1", log_interval_s: float = 10.0) -> None:
+    def __init__(
+        self, sink: Any, port: int | None = None, host: str = "127.0.0.1", log_interval_s: float = 10.0
+    ) -> None:
         self.sink = sink
         self.log_interval_s = log_interval_s
         self.lag: dict[int, int] = {}
@@ -48,7 +50,8 @@ class SinkMetrics:
         counts = (stats.messages, stats.events, stats.bytes)
         elapsed = max(now - self._last_log, 1e-9)
         self.rates = {
-            name: (c - p) / elapsed for name, c, p in zip(("messages", "events", "bytes"), counts, self._last_counts, strict=True)
+            name: (c - p) / elapsed
+            for name, c, p in zip(("messages", "events", "bytes"), counts, self._last_counts, strict=True)
         }
         self._last_counts = counts
         self._last_log = now
@@ -56,7 +59,7 @@ class SinkMetrics:
         if lag_of is not None:
             try:
                 self.lag = lag_of()
-            except Exception as err:  # noqa: BLE001 - lag is informational; a broker hiccup must not stop ingest
+            except Exception as err:
                 log.debug("could not read consumer lag: %s", err)
         log.info(self.summary())
 
@@ -105,15 +108,29 @@ class _Collector:
             ("trajlake_sink_bytes", s.bytes, "Message bytes consumed"),
         ):
             yield CounterMetricFamily(name, text, value=value)
-        lag = GaugeMetricFamily("trajlake_sink_lag_messages", "Messages behind the end of the partition", labels=["partition"])
+        lag = GaugeMetricFamily(
+            "trajlake_sink_lag_messages", "Messages behind the end of the partition", labels=["partition"]
+        )
         for partition, value in sorted(m.lag.items()):
             lag.add_metric([str(partition)], value)
         yield lag
         for name, value in m.rates.items():
-            yield GaugeMetricFamily(f"trajlake_sink_{name}_per_second", f"Recent {name} per second", value=value)
+            yield GaugeMetricFamily(
+                f"trajlake_sink_{name}_per_second", f"Recent {name} per second", value=value
+            )
         if s.last_commit_at is not None:
-            yield GaugeMetricFamily("trajlake_sink_last_commit_timestamp_seconds", "Time of the last commit", value=s.last_commit_at)
+            yield GaugeMetricFamily(
+                "trajlake_sink_last_commit_timestamp_seconds",
+                "Time of the last commit",
+                value=s.last_commit_at,
+            )
         spool = m._spool()
         if spool:
-            yield GaugeMetricFamily("trajlake_producer_spooled_messages", "Messages waiting in the disk spool", value=spool["messages"])
-            yield CounterMetricFamily("trajlake_producer_spooled", "Messages ever spooled", value=spool["spooled_total"])
+            yield GaugeMetricFamily(
+                "trajlake_producer_spooled_messages",
+                "Messages waiting in the disk spool",
+                value=spool["messages"],
+            )
+            yield CounterMetricFamily(
+                "trajlake_producer_spooled", "Messages ever spooled", value=spool["spooled_total"]
+            )

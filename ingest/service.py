@@ -34,7 +34,9 @@ def run_ingest(
     try:
         delta_sink = DeltaSink(lake, bus, sink)
         metrics = SinkMetrics(delta_sink, port=metrics_port, log_interval_s=log_interval_s)
-        log.info("ingesting %s from %s into %s (group %s)", kafka.topic, kafka.bootstrap, lake.root, kafka.group_id)
+        log.info(
+            "ingesting %s from %s into %s (group %s)", kafka.topic, kafka.bootstrap, lake.root, kafka.group_id
+        )
         _loop(delta_sink, metrics, stop, until_idle_s)
         metrics.tick(force=True)
         return delta_sink.stats

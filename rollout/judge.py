@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
+
 from trajlake.rollout import backoff
 from trajlake.rollout.config import JudgeConfig
 from trajlake.rollout.errors import JudgeError

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +40,9 @@ class LoadgenConfig(BaseModel):
     prompt_tokens: int = Field(512, ge=1, description="Mean prompt tokens.")
     output_tokens: int = Field(256, ge=1, description="Mean output tokens per turn.")
     env_tokens: int = Field(128, ge=0, description="Mean tool-output tokens appended per turn.")
-    tool_call_rate: float = Field(0.8, ge=0, le=1, description="Probability that a non-final turn calls a tool.")
+    tool_call_rate: float = Field(
+        0.8, ge=0, le=1, description="Probability that a non-final turn calls a tool."
+    )
     tool_error_rate: float = Field(0.1, ge=0, le=1, description="Probability that a tool call fails.")
     tool_timeout_rate: float = Field(0.02, ge=0, le=1, description="Probability that a tool call times out.")
     truncation_rate: float = Field(0.05, ge=0, le=1, description="Probability that tool output is truncated.")
@@ -55,7 +57,9 @@ class LoadgenConfig(BaseModel):
     @model_validator(mode="after")
     def _turns_within_limit(self) -> LoadgenConfig:
         if self.turns > self.max_turns:
-            raise ValueError(f"turns ({self.turns}) must be <= max_turns ({self.max_turns}); raise --max-turns")
+            raise ValueError(
+                f"turns ({self.turns}) must be <= max_turns ({self.max_turns}); raise --max-turns"
+            )
         return self
 
 
@@ -148,7 +152,9 @@ class _ColumnBatch:
     def start(self, **fields: Any) -> _ColumnBatch:
         self.trajectory_id, self.seq, self.turn_index = ev.new_event_id(), 0, 0
         self.spans.append((self.trajectory_id, self.n, -1))
-        fields["sampling_params"] = json.dumps(fields["sampling_params"], sort_keys=True, separators=(",", ":"))
+        fields["sampling_params"] = json.dumps(
+            fields["sampling_params"], sort_keys=True, separators=(",", ":")
+        )
         self.add(ev.TRAJECTORY_STARTED, vocab_size=self.vocab_size, **fields)
         return self
 
@@ -171,7 +177,9 @@ class _ColumnBatch:
     def tool_result(self, call_id: str, tool_name: str, **fields: Any) -> None:
         self.add(ev.TOOL_RESULT, call_id=call_id, tool_name=tool_name, **fields)
 
-    def reward(self, value: float | None, *, components: dict[str, float] | None = None, **fields: Any) -> None:
+    def reward(
+        self, value: float | None, *, components: dict[str, float] | None = None, **fields: Any
+    ) -> None:
         text = json.dumps(components, sort_keys=True, separators=(",", ":")) if components else None
         self.add(ev.REWARD, reward=value, reward_components=text, **fields)
 
@@ -199,7 +207,9 @@ class _ColumnBatch:
         table = self.table()
         for key, first, end in self.spans:
             value = codec.encode_arrow(table.slice(first, end - first))
-            bus.send(Message(key=key, value=value, headers={codec.CONTENT_TYPE_HEADER: codec.ARROW_CONTENT_TYPE}))
+            bus.send(
+                Message(key=key, value=value, headers={codec.CONTENT_TYPE_HEADER: codec.ARROW_CONTENT_TYPE})
+            )
         return len(self.spans)
 
 
@@ -217,7 +227,11 @@ def _column(type_: pa.DataType, n: int, rows: np.ndarray, values: list[Any]) -> 
         full = np.full(n, None, dtype=object)
         full[rows] = values
         return pa.array(full, type=type_)
-    dtype = np.int64 if pa.types.is_timestamp(type_) else (bool if pa.types.is_boolean(type_) else type_.to_pandas_dtype())
+    dtype = (
+        np.int64
+        if pa.types.is_timestamp(type_)
+        else (bool if pa.types.is_boolean(type_) else type_.to_pandas_dtype())
+    )
     full = np.zeros(n, dtype=dtype)
     full[rows] = values
     return pa.array(full, type=type_, mask=~valid)
@@ -244,7 +258,9 @@ def generate(
             version = v
             batch.policy_updated(version, step=version, checkpoint=f"ckpt/step-{version}")
         group = i // config.group_size
-        _trajectory(batch, config, rng, tokens, group, i % config.group_size, version, difficulty[group], counts)
+        _trajectory(
+            batch, config, rng, tokens, group, i % config.group_size, version, difficulty[group], counts
+        )
         counts.trajectories += 1
         if on_trajectory:
             on_trajectory(i)
@@ -327,7 +343,9 @@ def _trajectory(
     traj.finish(str(status), failure_origin=origin, failure_label=label)
 
 
-def _tool(traj: _ColumnBatch, config: LoadgenConfig, rng: np.random.Generator, tokens: TokenSampler) -> np.ndarray:
+def _tool(
+    traj: _ColumnBatch, config: LoadgenConfig, rng: np.random.Generator, tokens: TokenSampler
+) -> np.ndarray:
     name, is_code = TOOLS[int(rng.integers(0, len(TOOLS)))]
     call = traj.tool_call(name, {"input": f"arg-{int(rng.integers(0, 1000))}"}, is_code_execution=is_code)
     timed_out = rng.random() < config.tool_timeout_rate

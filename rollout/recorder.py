@@ -38,7 +38,13 @@ def _ids(values: Sequence[int] | Any) -> list[int]:
 class TrajectoryRecorder:
     """Records the events of one trajectory, with a per-trajectory `seq`."""
 
-    def __init__(self, recorder: Recorder, trajectory_id: str, context_budget_tokens: int | None, vocab_size: int | None) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        trajectory_id: str,
+        context_budget_tokens: int | None,
+        vocab_size: int | None,
+    ) -> None:
         self.recorder = recorder
         self.trajectory_id = trajectory_id
         self.context_budget_tokens = context_budget_tokens
@@ -53,7 +59,9 @@ class TrajectoryRecorder:
     # -- events ---------------------------------------------------------------------------
     def _emit(self, event_type: str, **fields: Any) -> None:
         if self.finished:
-            raise RecorderError(f"trajectory {self.trajectory_id} is finished; start a new one to record more")
+            raise RecorderError(
+                f"trajectory {self.trajectory_id} is finished; start a new one to record more"
+            )
         event = ev.make_event(
             event_type,
             self.recorder.run_id,
@@ -85,7 +93,9 @@ class TrajectoryRecorder:
         `full_input_token_ids` (the whole prompt the engine saw; the recorder checks it).
         """
         if input_token_ids is not None and full_input_token_ids is not None:
-            raise RecorderError("pass input_token_ids (appended) or full_input_token_ids (whole input), not both")
+            raise RecorderError(
+                "pass input_token_ids (appended) or full_input_token_ids (whole input), not both"
+            )
         output = _ids(output_token_ids)
         drift = False
         if full_input_token_ids is not None:
@@ -135,7 +145,13 @@ class TrajectoryRecorder:
     ) -> str:
         """Record that the model called a tool; return the call id to pass to `tool_result`."""
         call_id = call_id or uuid.uuid4().hex[:16]
-        self._emit(ev.TOOL_CALL, call_id=call_id, tool_name=tool_name, arguments=arguments, is_code_execution=is_code_execution)
+        self._emit(
+            ev.TOOL_CALL,
+            call_id=call_id,
+            tool_name=tool_name,
+            arguments=arguments,
+            is_code_execution=is_code_execution,
+        )
         return call_id
 
     def tool_result(
@@ -176,7 +192,13 @@ class TrajectoryRecorder:
         verifier_error: str | None = None,
     ) -> None:
         """Record the verifier's reward; `value=None` with `verifier_error` means no valid reward."""
-        self._emit(ev.REWARD, reward=value, reward_components=components, verifier=verifier, verifier_error=verifier_error)
+        self._emit(
+            ev.REWARD,
+            reward=value,
+            reward_components=components,
+            verifier=verifier,
+            verifier_error=verifier_error,
+        )
 
     def finish(
         self,
@@ -187,7 +209,13 @@ class TrajectoryRecorder:
         message: str | None = None,
     ) -> None:
         """Record the end of the trajectory and publish everything still pending."""
-        self._emit(ev.TRAJECTORY_FINISHED, status=status, failure_origin=failure_origin, failure_label=failure_label, message=message)
+        self._emit(
+            ev.TRAJECTORY_FINISHED,
+            status=status,
+            failure_origin=failure_origin,
+            failure_label=failure_label,
+            message=message,
+        )
         self.finished = True
         self.flush()
 
@@ -210,7 +238,9 @@ class TrajectoryRecorder:
         self._pending_safe_finish(f"{type(exc).__name__}: {exc}")
 
     def _pending_safe_finish(self, message: str) -> None:
-        self.finish("error", failure_origin="system", failure_label="harness_behavior", message=message[:2000])
+        self.finish(
+            "error", failure_origin="system", failure_label="harness_behavior", message=message[:2000]
+        )
 
 
 class Recorder:
@@ -247,7 +277,9 @@ class Recorder:
         attributes: Mapping[str, Any] | None = None,
     ) -> TrajectoryRecorder:
         """Start a trajectory; `group_id` (the prompt group) defaults to the task id."""
-        traj = TrajectoryRecorder(self, trajectory_id or ev.new_event_id(), context_budget_tokens, self.vocab_size)
+        traj = TrajectoryRecorder(
+            self, trajectory_id or ev.new_event_id(), context_budget_tokens, self.vocab_size
+        )
         traj._emit(
             ev.TRAJECTORY_STARTED,
             task_id=task_id,
@@ -264,13 +296,38 @@ class Recorder:
         )
         return traj
 
-    def policy_updated(self, version: int, step: int, checkpoint: str | None = None, metrics: Mapping[str, Any] | None = None) -> None:
+    def policy_updated(
+        self, version: int, step: int, checkpoint: str | None = None, metrics: Mapping[str, Any] | None = None
+    ) -> None:
         """Publish a trainer's `policy_updated` event (rollout workers pick the version up)."""
-        self.bus.publish([ev.make_event(ev.POLICY_UPDATED, self.run_id, producer_id=self.producer_id,
-                                        policy_version=version, step=step, checkpoint=checkpoint, metrics=metrics)])
+        self.bus.publish(
+            [
+                ev.make_event(
+                    ev.POLICY_UPDATED,
+                    self.run_id,
+                    producer_id=self.producer_id,
+                    policy_version=version,
+                    step=step,
+                    checkpoint=checkpoint,
+                    metrics=metrics,
+                )
+            ]
+        )
 
-    def batch_consumed(self, step: int, trainer_version: int, trajectory_ids: Sequence[str], staleness: Sequence[int]) -> None:
+    def batch_consumed(
+        self, step: int, trainer_version: int, trajectory_ids: Sequence[str], staleness: Sequence[int]
+    ) -> None:
         """Publish a trainer's `batch_consumed` event: which trajectories a step used."""
-        self.bus.publish([ev.make_event(ev.BATCH_CONSUMED, self.run_id, producer_id=self.producer_id,
-                                        step=step, trainer_version=trainer_version,
-                                        consumed_trajectory_ids=list(trajectory_ids), consumed_staleness=list(staleness))])
+        self.bus.publish(
+            [
+                ev.make_event(
+                    ev.BATCH_CONSUMED,
+                    self.run_id,
+                    producer_id=self.producer_id,
+                    step=step,
+                    trainer_version=trainer_version,
+                    consumed_trajectory_ids=list(trajectory_ids),
+                    consumed_staleness=list(staleness),
+                )
+            ]
+        )

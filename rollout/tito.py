@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from trajlake.rollout import backoff
 from trajlake.rollout.config import TitoConfig
 from trajlake.rollout.errors import Cancelled, InferenceError, InferenceResponseError

@@ -163,7 +163,13 @@ os.register_at_fork(after_in_child=_reseed)
 def new_event_id() -> str:
     """A UUIDv7 string: unique, and sortable by creation time."""
     ms = time.time_ns() // 1_000_000
-    value = (ms & 0xFFFFFFFFFFFF) << 80 | 0x7 << 76 | _rand.getrandbits(12) << 64 | 0b10 << 62 | _rand.getrandbits(62)
+    value = (
+        (ms & 0xFFFFFFFFFFFF) << 80
+        | 0x7 << 76
+        | _rand.getrandbits(12) << 64
+        | 0b10 << 62
+        | _rand.getrandbits(62)
+    )
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 

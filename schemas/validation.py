@@ -74,19 +74,31 @@ def validate(table: pa.Table, known_seqs: Mapping[str, set[int]] | None = None) 
     types = etype.to_pylist()
 
     unknown = ~_np_bool(pc.is_in(etype, value_set=pa.array(EVENT_TYPES)))
-    _add(reasons, np.flatnonzero(unknown), lambda i: (
-        f"event_type={types[i]!r} is unknown; use one of {', '.join(EVENT_TYPES)}"
-    ))
+    _add(
+        reasons,
+        np.flatnonzero(unknown),
+        lambda i: f"event_type={types[i]!r} is unknown; use one of {', '.join(EVENT_TYPES)}",
+    )
     versions = table.column("schema_version")
-    bad_version = ~_np_bool(pc.is_in(versions, value_set=pa.array(sorted(SUPPORTED_SCHEMA_VERSIONS), pa.int16())))
+    bad_version = ~_np_bool(
+        pc.is_in(versions, value_set=pa.array(sorted(SUPPORTED_SCHEMA_VERSIONS), pa.int16()))
+    )
     vlist = versions.to_pylist()
-    _add(reasons, np.flatnonzero(bad_version), lambda i: (
-        f"schema_version={vlist[i]!r} is not supported (supported: {sorted(SUPPORTED_SCHEMA_VERSIONS)}); "
-        "upgrade trajlake on the sink or write a supported version"
-    ))
+    _add(
+        reasons,
+        np.flatnonzero(bad_version),
+        lambda i: (
+            f"schema_version={vlist[i]!r} is not supported (supported: {sorted(SUPPORTED_SCHEMA_VERSIONS)}); "
+            "upgrade trajlake on the sink or write a supported version"
+        ),
+    )
     for name in ("event_id", "run_id", "event_time"):
         missing = _np_bool(pc.is_null(table.column(name)))
-        _add(reasons, np.flatnonzero(missing), f"{name} is missing; every event needs the envelope field {name}")
+        _add(
+            reasons,
+            np.flatnonzero(missing),
+            f"{name} is missing; every event needs the envelope field {name}",
+        )
 
     for event_type, required in REQUIRED_FIELDS.items():
         is_type = _np_bool(pc.equal(etype, event_type))
@@ -94,11 +106,17 @@ def validate(table: pa.Table, known_seqs: Mapping[str, set[int]] | None = None) 
             continue
         for name in required:
             missing = is_type & _np_bool(pc.is_null(table.column(name)))
-            _add(reasons, np.flatnonzero(missing), f"{name} is missing; a {event_type} event must carry {name}")
+            _add(
+                reasons, np.flatnonzero(missing), f"{name} is missing; a {event_type} event must carry {name}"
+            )
 
     seq = table.column("seq")
     negative_seq = _np_bool(pc.less(seq, 0))
-    _add(reasons, np.flatnonzero(negative_seq), lambda i: f"seq={seq[i].as_py()} is negative; seq counts 0,1,2,… per trajectory")
+    _add(
+        reasons,
+        np.flatnonzero(negative_seq),
+        lambda i: f"seq={seq[i].as_py()} is negative; seq counts 0,1,2,… per trajectory",
+    )
 
     _check_enums(table, reasons)
     if bool(_np_bool(pc.equal(etype, TURN)).any()):
@@ -111,7 +129,7 @@ def validate(table: pa.Table, known_seqs: Mapping[str, set[int]] | None = None) 
     bad_idx = np.flatnonzero(bad_rows)
     return ValidationResult(
         valid=table.take(pa.array(good_idx, pa.int64())) if len(bad_idx) else table,
-        rejected=table.take(pa.array(bad_idx, pa.int64())),
+        rejected=table.take(pa.array(bad_idx, pa.int64())) if len(bad_idx) else table.slice(0, 0),
         reasons=["; ".join(reasons[int(i)]) for i in bad_idx],
         valid_index=good_idx,
         rejected_index=bad_idx,
@@ -119,13 +137,19 @@ def validate(table: pa.Table, known_seqs: Mapping[str, set[int]] | None = None) 
 
 
 def _check_enums(table: pa.Table, reasons: dict[int, list[str]]) -> None:
-    for name, allowed in (("status", STATUSES), ("failure_origin", FAILURE_ORIGINS), ("failure_label", FAILURE_LABELS)):
+    for name, allowed in (
+        ("status", STATUSES),
+        ("failure_origin", FAILURE_ORIGINS),
+        ("failure_label", FAILURE_LABELS),
+    ):
         col = table.column(name)
         bad = _np_bool(pc.invert(pc.is_in(col, value_set=pa.array(allowed)))) & ~_np_bool(pc.is_null(col))
         values = col.to_pylist() if bad.any() else []
-        _add(reasons, np.flatnonzero(bad), lambda i, n=name, a=allowed, v=values: (
-            f"{n}={v[i]!r} is not allowed; use one of {', '.join(a)}"
-        ))
+        _add(
+            reasons,
+            np.flatnonzero(bad),
+            lambda i, n=name, a=allowed, v=values: f"{n}={v[i]!r} is not allowed; use one of {', '.join(a)}",
+        )
 
 
 def _check_turns(table: pa.Table, reasons: dict[int, list[str]]) -> None:
@@ -138,43 +162,63 @@ def _check_turns(table: pa.Table, reasons: dict[int, list[str]]) -> None:
     n_lps = pc.list_value_length(lps)
     n_mask = pc.list_value_length(mask)
     diff = _np_bool(pc.not_equal(n_ids, n_lps))
-    _add(reasons, np.flatnonzero(diff), lambda i: (
-        f"output_token_ids has {n_ids[i].as_py()} ids but output_logprobs has {n_lps[i].as_py()} values; "
-        "send one logprob per sampled token"
-    ))
+    _add(
+        reasons,
+        np.flatnonzero(diff),
+        lambda i: (
+            f"output_token_ids has {n_ids[i].as_py()} ids but output_logprobs has {n_lps[i].as_py()} values; "
+            "send one logprob per sampled token"
+        ),
+    )
     mask_diff = _np_bool(pc.not_equal(n_mask, n_ids))
-    _add(reasons, np.flatnonzero(mask_diff), lambda i: (
-        f"loss_mask has {n_mask[i].as_py()} entries for {n_ids[i].as_py()} output tokens; "
-        "the mask must cover exactly the turn's output tokens"
-    ))
+    _add(
+        reasons,
+        np.flatnonzero(mask_diff),
+        lambda i: (
+            f"loss_mask has {n_mask[i].as_py()} entries for {n_ids[i].as_py()} output tokens; "
+            "the mask must cover exactly the turn's output tokens"
+        ),
+    )
 
-    lp_values = pc.list_flatten(lps).to_numpy(zero_copy_only=False)
-    with np.errstate(invalid="ignore"):
-        clean = not len(lp_values) or bool(lp_values.max() <= 0 and np.isfinite(lp_values.min()))
+    flat_lp = pc.list_flatten(lps)  # chunked, no copy: the fast path below never materialises it
+    mm = pc.min_max(flat_lp)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    clean = lo is None or (hi <= 0 and lo > -np.inf and not pc.any(pc.is_nan(flat_lp)).as_py())
     if not clean:  # NaN or +inf or a positive value somewhere: find the rows
+        lp_values = flat_lp.to_numpy()
         with np.errstate(invalid="ignore"):
             bad_lp = ~np.isfinite(lp_values) | (lp_values > 0)
         rows = _list_row_flags(lps, bad_lp, n)
-        _add(reasons, np.flatnonzero(rows), lambda i: (
-            f"output_logprobs contains {_first_bad(lps[i].as_py(), lambda v: not (v <= 0))!r}; "
-            "logprobs must be finite and <= 0 (send log-probabilities, not probabilities or logits)"
-        ))
+        _add(
+            reasons,
+            np.flatnonzero(rows),
+            lambda i: (
+                f"output_logprobs contains {_first_bad(lps[i].as_py(), lambda v: not (v <= 0))!r}; "
+                "logprobs must be finite and <= 0 (send log-probabilities, not probabilities or logits)"
+            ),
+        )
 
     vocab = table.column("vocab_size")
     for name, col in (("output_token_ids", ids), ("input_token_ids", inputs)):
-        flat = pc.list_flatten(col).to_numpy(zero_copy_only=False)
-        if not len(flat):
+        flat_ids = pc.list_flatten(col)
+        mm = pc.min_max(flat_ids)
+        if mm["min"].as_py() is None:
             continue
-        lo, hi = int(flat.min()), int(flat.max())
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
         smallest_vocab = pc.min(vocab).as_py()
         if lo >= 0 and (smallest_vocab is None or hi < smallest_vocab):
             continue  # every id is in range for every row's vocabulary
+        flat = flat_ids.to_numpy()
         negative = flat < 0
         if negative.any():
             rows = _list_row_flags(col, negative, n)
-            _add(reasons, np.flatnonzero(rows), lambda i, c=col, nm=name: (
-                f"{nm} contains {_first_bad(c[i].as_py(), lambda v: v < 0)!r}; token ids must be >= 0"
-            ))
+            _add(
+                reasons,
+                np.flatnonzero(rows),
+                lambda i, c=col, nm=name: (
+                    f"{nm} contains {_first_bad(c[i].as_py(), lambda v: v < 0)!r}; token ids must be >= 0"
+                ),
+            )
         if vocab.null_count < n:
             parents = _global_parents(col)
             limits = np.asarray(pc.fill_null(vocab, np.iinfo(np.int64).max).to_numpy(zero_copy_only=False))
@@ -182,10 +226,14 @@ def _check_turns(table: pa.Table, reasons: dict[int, list[str]]) -> None:
             if too_big.any():
                 rows = np.zeros(n, dtype=bool)
                 rows[parents[too_big]] = True
-                _add(reasons, np.flatnonzero(rows), lambda i, c=col, nm=name: (
-                    f"{nm} contains {_first_bad(c[i].as_py(), lambda v, lim=vocab[i].as_py(): v >= lim)!r} "
-                    f">= vocab_size {vocab[i].as_py()}; ids must be below the declared vocab size"
-                ))
+                _add(
+                    reasons,
+                    np.flatnonzero(rows),
+                    lambda i, c=col, nm=name: (
+                        f"{nm} contains {_first_bad(c[i].as_py(), lambda v, lim=vocab[i].as_py(): v >= lim)!r} "
+                        f">= vocab_size {vocab[i].as_py()}; ids must be below the declared vocab size"
+                    ),
+                )
 
 
 def _global_parents(col: pa.ChunkedArray) -> np.ndarray:

@@ -14,9 +14,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the lake's commands."""
     p = subparsers.add_parser("sql", help="read-only SQL over every table of the lake")
     add_lake_option(p)
-    p.add_argument("--format", choices=("table", "csv", "json"), default=env_default("FORMAT", "table"),
-                   help="output format (env TRAJLAKE_FORMAT; default %(default)s)")
-    p.add_argument("query", help='one SELECT statement, e.g. "select status, count(*) from trajectories group by 1"')
+    p.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        default=env_default("FORMAT", "table"),
+        help="output format (env TRAJLAKE_FORMAT; default %(default)s)",
+    )
+    p.add_argument(
+        "query", help='one SELECT statement, e.g. "select status, count(*) from trajectories group by 1"'
+    )
     p.set_defaults(handler=run_sql)
 
     p = subparsers.add_parser("rebuild", help="recreate the projections from `events`")
@@ -25,19 +31,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("compact", help="optimize + vacuum every table, with a retention guard")
     add_lake_option(p)
-    p.add_argument("--retention-hours", type=int, default=int(env_default("RETENTION_HOURS", "168") or 168),
-                   help="keep unreferenced files younger than this (env TRAJLAKE_RETENTION_HOURS; default %(default)s)")
-    p.add_argument("--allow-short-retention", action="store_true",
-                   default=env_default("ALLOW_SHORT_RETENTION", "") == "1",
-                   help="allow a retention below the 168h guard (env TRAJLAKE_ALLOW_SHORT_RETENTION=1)")
+    p.add_argument(
+        "--retention-hours",
+        type=int,
+        default=int(env_default("RETENTION_HOURS", "168") or 168),
+        help="keep unreferenced files younger than this (env TRAJLAKE_RETENTION_HOURS; default %(default)s)",
+    )
+    p.add_argument(
+        "--allow-short-retention",
+        action="store_true",
+        default=env_default("ALLOW_SHORT_RETENTION", "") == "1",
+        help="allow a retention below the 168h guard (env TRAJLAKE_ALLOW_SHORT_RETENTION=1)",
+    )
     p.add_argument("--no-vacuum", action="store_true", help="only merge small files")
     p.set_defaults(handler=run_compact)
 
     p = subparsers.add_parser("loadgen", help="synthetic agent-RL workload through the bus")
     add_lake_option(p)
     p.add_argument("--run-id", default=env_default("RUN_ID", "loadgen"), help="run id (env TRAJLAKE_RUN_ID)")
-    p.add_argument("--trajectories", type=int, default=_int_env("TRAJECTORIES"), required=_int_env("TRAJECTORIES") is None,
-                   help="number of trajectories (env TRAJLAKE_TRAJECTORIES)")
+    p.add_argument(
+        "--trajectories",
+        type=int,
+        default=_int_env("TRAJECTORIES"),
+        required=_int_env("TRAJECTORIES") is None,
+        help="number of trajectories (env TRAJLAKE_TRAJECTORIES)",
+    )
     for name, kind, default, text in (
         ("turns", int, 6, "mean turns per trajectory"),
         ("max-turns", int, 32, "turn limit"),
@@ -54,11 +72,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("seed", int, 0, "random seed"),
     ):
         env = name.upper().replace("-", "_")
-        p.add_argument(f"--{name}", type=kind, default=kind(env_default(env, str(default))),
-                       help=f"{text} (env TRAJLAKE_{env}; default %(default)s)")
-    p.add_argument("--kafka", default=env_default("KAFKA"), metavar="HOST:PORT",
-                   help="produce to Apache Kafka instead of the in-process bus (env TRAJLAKE_KAFKA)")
-    p.add_argument("--topic", default=env_default("TOPIC", "trajlake-events"), help="Kafka topic (env TRAJLAKE_TOPIC)")
+        p.add_argument(
+            f"--{name}",
+            type=kind,
+            default=kind(env_default(env, str(default))),
+            help=f"{text} (env TRAJLAKE_{env}; default %(default)s)",
+        )
+    p.add_argument(
+        "--kafka",
+        default=env_default("KAFKA"),
+        metavar="HOST:PORT",
+        help="produce to Apache Kafka instead of the in-process bus (env TRAJLAKE_KAFKA)",
+    )
+    p.add_argument(
+        "--topic", default=env_default("TOPIC", "trajlake-events"), help="Kafka topic (env TRAJLAKE_TOPIC)"
+    )
     p.add_argument("--json", action="store_true", help="print the counts produced as JSON")
     p.set_defaults(handler=run_loadgen)
 
@@ -157,15 +185,19 @@ def run_compact(args: argparse.Namespace) -> int:
         report = None
         with Progress(len(TABLES), "compact", unit="tables") as progress:
             for name in TABLES:
-                part = compact(lake, [name], args.retention_hours, args.allow_short_retention, not args.no_vacuum)
+                part = compact(
+                    lake, [name], args.retention_hours, args.allow_short_retention, not args.no_vacuum
+                )
                 report = part if report is None else _merge_reports(report, part)
                 progress.update()
     except LakeError as err:
         raise CliError(str(err)) from None
     assert report is not None
     for name in report.files_removed:
-        print(f"{name}: {report.files_removed[name]} files merged into {report.files_added[name]}, "
-              f"{report.vacuumed.get(name, 0)} files vacuumed")
+        print(
+            f"{name}: {report.files_removed[name]} files merged into {report.files_added[name]}, "
+            f"{report.vacuumed.get(name, 0)} files vacuumed"
+        )
     return 0
 
 
@@ -217,12 +249,19 @@ def run_loadgen(args: argparse.Namespace) -> int:
         sink_thread.join()
         sink.run(until_idle_s=0)  # drain what arrived after the thread's last poll
     bus.close()
-    result = {"events": counts.events, "trajectories": counts.trajectories, "turns": counts.turns, "tokens": counts.tokens}
+    result = {
+        "events": counts.events,
+        "trajectories": counts.trajectories,
+        "turns": counts.turns,
+        "tokens": counts.tokens,
+    }
     if args.json:
         print(json.dumps(result))
     else:
         where = f"Kafka topic {args.topic} at {args.kafka}" if args.kafka else args.lake
-        print(f"wrote {counts.events} events, {counts.trajectories} trajectories, {counts.tokens} tokens to {where}")
+        print(
+            f"wrote {counts.events} events, {counts.trajectories} trajectories, {counts.tokens} tokens to {where}"
+        )
     return 0
 
 

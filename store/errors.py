@@ -31,6 +31,8 @@ class TxnFenced(LakeError):
 
     retryable = False
 
-    def __init__(self, message: str, *, table_uri: str | None = None, stale: dict[str, tuple] | None = None) -> None:
+    def __init__(
+        self, message: str, *, table_uri: str | None = None, stale: dict[str, tuple] | None = None
+    ) -> None:
         super().__init__(message, table_uri=table_uri)
         self.stale = stale or {}

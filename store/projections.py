@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from trajlake.schemas.events import EVENTS_SCHEMA as SCHEMAS_EVENTS
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
+from trajlake.store.errors import CommitConflict, TxnFenced
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -154,8 +155,12 @@ def _list_sums(col: pa.ChunkedArray | pa.Array, lengths: np.ndarray, dtype: type
 
 def scalarize(events: pa.Table) -> pa.Table:
     """Drop the token payloads, keeping what projections need of them: lengths and sums."""
+
     def lengths(name: str) -> np.ndarray:
-        return np.asarray(pc.fill_null(pc.list_value_length(events.column(name)), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        return np.asarray(
+            pc.fill_null(pc.list_value_length(events.column(name)), 0).to_numpy(zero_copy_only=False),
+            dtype=np.int64,
+        )
 
     n_in, n_out = lengths("input_token_ids"), lengths("output_token_ids")
     n_mask = lengths("loss_mask")
@@ -165,8 +170,12 @@ def scalarize(events: pa.Table) -> pa.Table:
     out = events.select(list(SCALAR_COLUMNS))
     out = out.append_column("n_input_tokens", pa.array(n_in, pa.int64()))
     out = out.append_column("n_output_tokens", pa.array(n_out, pa.int64()))
-    out = out.append_column("n_loss_tokens", pa.array(np.where(has_mask, loss, n_out).astype(np.int64), pa.int64()))
-    return out.append_column("sum_logprob", pa.array(_list_sums(events.column("output_logprobs"), n_lp, np.float64)))
+    out = out.append_column(
+        "n_loss_tokens", pa.array(np.where(has_mask, loss, n_out).astype(np.int64), pa.int64())
+    )
+    return out.append_column(
+        "sum_logprob", pa.array(_list_sums(events.column("output_logprobs"), n_lp, np.float64))
+    )
 
 
 def compute(events: pa.Table | None, con: duckdb.DuckDBPyConnection | None = None) -> dict[str, pa.Table]:
@@ -201,7 +210,9 @@ def _conform(name: str, table: pa.Table) -> pa.Table:
 
 
 def _sorted(name: str, table: pa.Table) -> pa.Table:
-    keys = KEYS.get(name) or (("run_id", "step", "trajectory_id") if name == "batch_consumption" else ("run_id", "policy_version"))
+    keys = KEYS.get(name) or (
+        ("run_id", "step", "trajectory_id") if name == "batch_consumption" else ("run_id", "policy_version")
+    )
     return table.sort_by([(k, "ascending") for k in keys])
 
 
@@ -229,11 +240,16 @@ def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Ta
 
     fs, root = lake.filesystem()
     parts = []
+    seen: set[int] = set()
     for path in paths:
-        if path in known:
-            parts.append(scalarize(known[path]))
+        if path in known:  # several files of one write map to the one table they came from
+            if id(known[path]) not in seen:
+                seen.add(id(known[path]))
+                parts.append(scalarize(known[path]))
         else:
-            parts.append(scalarize(pq.read_table(f"{root}/events/{path}", columns=list(EVENT_COLUMNS), filesystem=fs)))
+            parts.append(
+                scalarize(pq.read_table(f"{root}/events/{path}", columns=list(EVENT_COLUMNS), filesystem=fs))
+            )
     if not parts:
         return scalarize(SCHEMAS["events"].empty_table())
     return pa.concat_tables(parts)
@@ -249,6 +265,18 @@ def catch_up(lake: Lake, known: Mapping[str, pa.Table] | None = None) -> int:
     upto = lake.version("events")
     if upto < 0:
         return upto
+    for _ in range(100):
+        try:
+            _catch_up_once(lake, upto, known or {})
+            return upto
+        except TxnFenced:
+            continue  # another sink advanced a projection meanwhile: start from its position
+    raise CommitConflict(
+        "projections kept losing races with other writers", table_uri=lake.uri("trajectories")
+    )
+
+
+def _catch_up_once(lake: Lake, upto: int, known: Mapping[str, pa.Table]) -> None:
     positions = {name: lake.txn_version(name, APP_ID) for name in PROJECTION_TABLES}
     for after in sorted({-1 if p is None else p for p in positions.values()}):
         if after >= upto:
@@ -258,13 +286,13 @@ def catch_up(lake: Lake, known: Mapping[str, pa.Table] | None = None) -> int:
         if paths is None:  # the log before `upto` was cleaned up: recompute from scratch
             rebuild(lake, names)
             continue
-        new = _read_new_events(lake, paths, known or {})
-        _apply(lake, names, new, upto)
-    return upto
+        new = _read_new_events(lake, paths, known)
+        _apply(lake, names, new, upto, None if after < 0 else after)
 
 
-def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int) -> None:
+def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | None) -> None:
     txn = {APP_ID: upto}
+    expect = {APP_ID: after}  # several sinks may catch up at once: only one may store a range
     fresh_rows = compute(new)
     is_traj = pc.is_valid(new.column("trajectory_id"))
     ids = set(pc.filter(new.column("trajectory_id"), is_traj).to_pylist())
@@ -281,9 +309,11 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int) -> None:
         if name in ("trajectories", "tool_calls") and old:
             keep = pc.invert(pc.is_in(rows.column("trajectory_id"), pa.array(old)))
             rows = pa.concat_tables([rows.filter(keep), old_rows[name]])
-            lake.upsert(name, rows, KEYS[name], txn)
+            lake.check_txns(name, expect)
+            lake.upsert(name, rows, KEYS[name], txn)  # by key: a racing duplicate replaces, never adds
         else:  # turns and trainer projections: one row per event, never revised
-            lake.append(name, rows, txn)
+            actions = [lake.write_file(name, rows)] if rows.num_rows else []
+            lake.commit(name, actions, txn, expect_txns=expect)
 
 
 def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, int]:

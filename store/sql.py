@@ -43,10 +43,13 @@ A turn whose input broke the prefix invariant (TITO drift) stored its full input
 sequence then restarts there, as the context the engine actually saw."""
 
 TURN_TOKENS_SQL = """
-select event_id, any_value(input_token_ids) as input_token_ids, any_value(output_token_ids) as output_token_ids,
-  any_value(output_logprobs) as output_logprobs, any_value(loss_mask) as loss_mask
-from _t_events where event_type = 'turn' group by event_id
+select run_id, trajectory_id, seq, any_value(input_token_ids) as input_token_ids,
+  any_value(output_token_ids) as output_token_ids, any_value(output_logprobs) as output_logprobs,
+  any_value(loss_mask) as loss_mask
+from _t_events group by run_id, trajectory_id, seq
 """
+"""Token lists per turn. (run_id, trajectory_id, seq) is unique per event; grouping on it
+without a filter lets DuckDB drop the join when no token column is selected."""
 
 VIEWS = {
     "trajectories": """
@@ -56,7 +59,8 @@ VIEWS = {
     """,
     "turns": """
         select t.*, k.input_token_ids, k.output_token_ids, k.output_logprobs, k.loss_mask
-        from _t_turns t left join _turn_tokens k on k.event_id = t.event_id
+        from _t_turns t left join _turn_tokens k
+          on k.run_id = t.run_id and k.trajectory_id = t.trajectory_id and k.seq = t.seq
     """,
 }
 
@@ -65,8 +69,15 @@ def _sql_list(paths: Sequence[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
-def register_tables(con: duckdb.DuckDBPyConnection, lake: Lake, names: Sequence[str]) -> None:
-    """(Re)create a raw `_t_<name>` view per table over its current files."""
+def register_tables(
+    con: duckdb.DuckDBPyConnection, lake: Lake, names: Sequence[str], datasets: dict[str, Any] | None = None
+) -> None:
+    """(Re)create a raw `_t_<name>` view per table over its current files.
+
+    On object storage the files are read through a pyarrow dataset registered as `_d_<name>`;
+    registered objects belong to one connection, so they are also kept in `datasets` for
+    cursors to register again.
+    """
     for name in names:
         files = lake.files(name)
         if not lake.is_local and files:
@@ -74,7 +85,10 @@ def register_tables(con: duckdb.DuckDBPyConnection, lake: Lake, names: Sequence[
 
             fs, _ = lake.filesystem()
             paths = [f.split("://", 1)[1] for f in files]
-            con.register(f"_d_{name}", ds.dataset(paths, filesystem=fs, format="parquet"))
+            dataset = ds.dataset(paths, filesystem=fs, format="parquet")
+            con.register(f"_d_{name}", dataset)
+            if datasets is not None:
+                datasets[f"_d_{name}"] = dataset
             con.execute(f"create or replace view _t_{name} as select * from _d_{name}")
         elif files:
             con.execute(f"create or replace view _t_{name} as select * from read_parquet({_sql_list(files)})")
@@ -111,6 +125,7 @@ class QueryEngine:
         self.tables = TABLES
         self._lock = threading.Lock()
         self._versions: dict[str, int] = {}
+        self._datasets: dict[str, Any] = {}  # object-storage tables, registered on every cursor
         self.con = duckdb.connect()
         self.con.execute("set threads to 2")
         self._refresh(force=True)
@@ -129,14 +144,17 @@ class QueryEngine:
         current = {name: self.lake.version(name) for name in self.tables}
         stale = [n for n in self.tables if force or current[n] != self._versions.get(n)]
         if stale:
-            register_tables(self.con, self.lake, stale)
+            register_tables(self.con, self.lake, stale, self._datasets)
             self._versions.update(current)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A connection for one thread, over up-to-date views."""
         with self._lock:
             self._refresh()
-            return self.con.cursor()
+            cur = self.con.cursor()
+            for name, dataset in self._datasets.items():
+                cur.register(name, dataset)
+            return cur
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
         """Run one read-only statement; raise `ReadOnlyQueryError` for anything that writes."""

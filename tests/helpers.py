@@ -28,15 +28,25 @@ def turn_event(run_id: str = "r", trajectory_id: str = "t", seq: int = 1, **over
 
 def started_event(run_id: str = "r", trajectory_id: str = "t", **overrides: Any) -> dict[str, Any]:
     """A valid `trajectory_started` event at seq 0."""
-    fields: dict[str, Any] = {"trajectory_id": trajectory_id, "seq": 0, "task_id": "task", "group_id": "g", "sample_index": 0}
+    fields: dict[str, Any] = {
+        "trajectory_id": trajectory_id,
+        "seq": 0,
+        "task_id": "task",
+        "group_id": "g",
+        "sample_index": 0,
+    }
     fields.update(overrides)
     return ev.make_event(ev.TRAJECTORY_STARTED, run_id, **fields)
 
 
-def trajlake(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def trajlake(
+    *args: str, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run the `trajlake` CLI in a subprocess, as a user would."""
     cmd = [sys.executable, "-c", "from trajlake.cli import run; run()", *args]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if check and result.returncode != 0:
-        raise AssertionError(f"trajlake {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"trajlake {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+        )
     return result

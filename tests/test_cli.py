@@ -53,3 +53,25 @@ def test_options_read_environment_variables(tmp_path) -> None:
 def test_rebuild_of_a_missing_lake_fails_with_a_hint(tmp_path) -> None:
     out = trajlake("rebuild", "--lake", str(tmp_path / "nothing"), check=False)
     assert out.returncode == 2 and "no events table" in out.stderr
+
+
+def test_successive_embedded_runs_into_one_lake_keep_every_event(tmp_path) -> None:
+    """Each process's in-process bus starts at offset 0; none may be mistaken for an earlier one's."""
+    root = str(tmp_path / "lake")
+    produced = {}
+    for run in ("r0", "r1", "r2"):
+        out = trajlake(
+            "loadgen", "--lake", root, "--run-id", run, "--trajectories", "12", "--seed", run[1], "--json"
+        )
+        produced[run] = json.loads(out.stdout)["events"]
+    stored = json.loads(
+        trajlake(
+            "sql",
+            "--lake",
+            root,
+            "--format",
+            "json",
+            "select run_id, count(*) as n from events group by 1 order by 1",
+        ).stdout
+    )
+    assert {r["run_id"]: r["n"] for r in stored} == produced

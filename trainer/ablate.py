@@ -29,7 +29,7 @@ from trajlake.trainer.batch import Batch
 from trajlake.trainer.config import SamplerConfig, TrainerConfig
 from trajlake.trainer.policy import TinyPolicy
 from trajlake.trainer.sampler import Sampler
-from trajlake.trainer.step import policy_step
+from trajlake.trainer.step import evaluate_configs, policy_step
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -44,17 +44,27 @@ class AblationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     run_id: str = Field(..., min_length=1, description="Run whose stored data to replay.")
-    aggregations: list[str] = Field(["token_mean", "sequence_mean", "prompt_mean"], min_length=1, description="Aggregation modes.")
+    aggregations: list[str] = Field(
+        ["token_mean", "sequence_mean", "prompt_mean"], min_length=1, description="Aggregation modes."
+    )
     policy_losses: list[str] = Field(["ppo", "dppo", "glm5"], min_length=1, description="Policy losses.")
-    steps: int = Field(4, ge=1, description="Batches to replay.")
+    steps: int = Field(2, ge=1, description="Batches to replay.")
     seeds: int = Field(3, ge=1, description="Seeds (initial weights) per configuration.")
     train: bool = Field(False, description="Take an optimiser step per batch (else evaluate only).")
-    groups_per_batch: int = Field(8, ge=1, description="Prompt groups per replayed batch.")
-    micro_batch_tokens: int = Field(16_384, ge=1, description="Token budget per micro-batch.")
+    groups_per_batch: int = Field(4, ge=1, description="Prompt groups per replayed batch.")
+    micro_batch_tokens: int = Field(
+        262_144,
+        ge=1,
+        description="Token budget per micro-batch (large: the GRU costs per time step, not per row).",
+    )
     advantage: str = Field("grpo", description="Advantage estimator.")
     lr: float = Field(1e-3, gt=0, description="Learning rate when training.")
-    max_vocab_size: int = Field(4096, ge=2, description="Fold larger vocabularies (id % this) for the tiny policy.")
-    d_model: int = Field(64, ge=1, description="Width of the tiny policy.")
+    max_vocab_size: int = Field(
+        256, ge=2, description="Fold larger vocabularies (id % this): the head dominates CPU time."
+    )
+    d_model: int = Field(
+        32, ge=1, description="Width of the tiny policy (small: ablations replay many configurations)."
+    )
 
     def trainer_config(self, aggregation: str, policy_loss: str, seed: int) -> TrainerConfig:
         """The TrainerConfig of one configuration and seed (validates the names)."""
@@ -73,7 +83,9 @@ def replay_batches(lake: Lake, config: AblationConfig) -> list[Batch]:
     return Sampler(lake, None, sampler_config).plan(trainer_version=0, n_batches=config.steps)
 
 
-def _sequence_logprobs(policy: TinyPolicy, batches: list[Batch], fold: int | None) -> tuple[list[float], list[float], float, int]:
+def _sequence_logprobs(
+    policy: TinyPolicy, batches: list[Batch], fold: int | None
+) -> tuple[list[float], list[float], float, int]:
     """Per-sequence mean trained-token logprob, per-sequence reward, token entropy sum, token count."""
     means, rewards, entropy, tokens = [], [], 0.0, 0
     with torch.no_grad():
@@ -99,22 +111,21 @@ def _preference(means: list[float], rewards: list[float]) -> float:
 def run_one(batches: list[Batch], trainer_config: TrainerConfig, vocab: int, train: bool) -> dict[str, float]:
     """Replay `batches` through one configuration and seed; return the mean of each metric."""
     fold = trainer_config.max_vocab_size if vocab > trainer_config.max_vocab_size else None
-    policy = TinyPolicy(min(vocab, trainer_config.max_vocab_size), trainer_config.d_model, seed=trainer_config.seed)
+    policy = TinyPolicy(
+        min(vocab, trainer_config.max_vocab_size), trainer_config.d_model, seed=trainer_config.seed
+    )
     optimizer = torch.optim.Adam(policy.parameters(), lr=trainer_config.lr) if train else None
     before = _sequence_logprobs(policy, batches, fold) if train else None
-    steps = [policy_step(policy, optimizer, batch, trainer_config, fold) for batch in batches]
-    out = {
-        "loss": statistics.fmean(s["loss"] for s in steps),
-        "grad_norm": statistics.fmean(s["grad_norm"] for s in steps),
-        "weight_spread": statistics.fmean(s["prompt_weight_spread"] for s in steps),
-        "masked_fraction": statistics.fmean(s["masked_fraction"] for s in steps),
-        "clip_fraction": statistics.fmean(s["clip_fraction"] for s in steps),
-    }
+    out = _means([policy_step(policy, optimizer, batch, trainer_config, fold) for batch in batches])
     if before is not None:
         after = _sequence_logprobs(policy, batches, fold)
         out["reward_proxy"] = _preference(after[0], after[1]) - _preference(before[0], before[1])
         out["entropy"] = after[2] / max(after[3], 1)
-        out["drift"] = statistics.fmean(abs(a - b) for a, b in zip(after[0], before[0], strict=True)) if after[0] else 0.0
+        out["drift"] = (
+            statistics.fmean(abs(a - b) for a, b in zip(after[0], before[0], strict=True))
+            if after[0]
+            else 0.0
+        )
     return out
 
 
@@ -122,24 +133,33 @@ def run_ablation(lake: Lake, config: AblationConfig, vocab_size: int | None = No
     """Replay the run through every configuration and seed; return the JSON-ready report."""
     from trajlake.trainer.reference import run_vocab_size
 
-    for agg in config.aggregations:
-        for loss in config.policy_losses:
-            config.trainer_config(agg, loss, 0)  # fail on a bad name before any work
+    pairs = [(agg, loss) for agg in config.aggregations for loss in config.policy_losses]
+    for agg, loss in pairs:
+        config.trainer_config(agg, loss, 0)  # fail on a bad name before any work
     batches = replay_batches(lake, config)
     if not batches:
         raise ValueError(
             f"run {config.run_id!r} has no finished groups with reward variance to replay; "
-            "check the run id (trajlake sql \"select distinct run_id from trajectories\")"
+            'check the run id (trajlake sql "select distinct run_id from trajectories")'
         )
     vocab = vocab_size or run_vocab_size(lake, config.run_id) or config.max_vocab_size
-    results = []
-    for agg in config.aggregations:
-        for loss in config.policy_losses:
-            per_seed = [run_one(batches, config.trainer_config(agg, loss, seed), vocab, config.train) for seed in range(config.seeds)]
-            metrics = {
-                name: _summary([seed[name] for seed in per_seed]) for name in per_seed[0]
-            }
-            results.append({"aggregation": agg, "policy_loss": loss, "metrics": metrics})
+    per_pair: list[list[dict[str, float]]] = [[] for _ in pairs]
+    for seed in range(config.seeds):
+        trainer_configs = [config.trainer_config(agg, loss, seed) for agg, loss in pairs]
+        if config.train:
+            runs = [run_one(batches, tc, vocab, train=True) for tc in trainer_configs]
+        else:
+            runs = evaluate_all(batches, trainer_configs, vocab)
+        for results, run in zip(per_pair, runs, strict=True):
+            results.append(run)
+    configs = [
+        {
+            "aggregation": agg,
+            "policy_loss": loss,
+            "metrics": {name: _summary([seed[name] for seed in seeds]) for name in seeds[0]},
+        }
+        for (agg, loss), seeds in zip(pairs, per_pair, strict=True)
+    ]
     return {
         "run_id": config.run_id,
         "train": config.train,
@@ -147,7 +167,28 @@ def run_ablation(lake: Lake, config: AblationConfig, vocab_size: int | None = No
         "seeds": config.seeds,
         "trajectories": sum(len(b.samples) for b in batches),
         "tokens": sum(b.n_tokens for b in batches),
-        "configs": results,
+        "configs": configs,
+    }
+
+
+def evaluate_all(
+    batches: list[Batch], trainer_configs: list[TrainerConfig], vocab: int
+) -> list[dict[str, float]]:
+    """Evaluate-only replay of one seed for all configurations, sharing each batch's forward pass."""
+    first = trainer_configs[0]
+    fold = first.max_vocab_size if vocab > first.max_vocab_size else None
+    policy = TinyPolicy(min(vocab, first.max_vocab_size), first.d_model, seed=first.seed)
+    steps = [evaluate_configs(policy, batch, trainer_configs, fold) for batch in batches]
+    return [_means([step[k] for step in steps]) for k in range(len(trainer_configs))]
+
+
+def _means(steps: list[dict[str, Any]]) -> dict[str, float]:
+    return {
+        "loss": statistics.fmean(s["loss"] for s in steps),
+        "grad_norm": statistics.fmean(s["grad_norm"] for s in steps),
+        "weight_spread": statistics.fmean(s["prompt_weight_spread"] for s in steps),
+        "masked_fraction": statistics.fmean(s["masked_fraction"] for s in steps),
+        "clip_fraction": statistics.fmean(s["clip_fraction"] for s in steps),
     }
 
 
@@ -159,17 +200,24 @@ def _summary(values: Sequence[float]) -> dict[str, Any]:
     }
 
 
+def _tidy(value: float) -> float:
+    """Round float noise (e.g. 5.6e-17 for an exact 0) to 0 for display."""
+    return 0.0 if abs(value) < 1e-12 else value
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The report as a fixed-width text table: one row per configuration, mean ± std per metric."""
     names = list(EVAL_METRICS) + (list(TRAIN_METRICS) if report["train"] else [])
     header = ["aggregation", "policy_loss", *names]
     rows = [
         [c["aggregation"], c["policy_loss"]]
-        + [f"{c['metrics'][n]['mean']:.4g} ± {c['metrics'][n]['std']:.2g}" for n in names]
+        + [f"{_tidy(c['metrics'][n]['mean']):.4g} ± {_tidy(c['metrics'][n]['std']):.2g}" for n in names]
         for c in report["configs"]
     ]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    lines = [
+        "  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
+    ]
     title = (
         f"ablation of run {report['run_id']}: {report['steps']} batches, {report['trajectories']} trajectories, "
         f"{report['tokens']} tokens, {report['seeds']} seeds, {'trained' if report['train'] else 'evaluated only'}"

@@ -45,6 +45,8 @@ class SamplerStats:
     incomplete_groups_dropped: int = 0
     ready_groups: int = 0
     lost_races: int = 0
+    late_members: int = 0
+    """Samples that finished after their group was handed out incomplete; never trained on."""
 
     def as_dict(self) -> dict[str, int]:
         """The counts as a plain dict (for JSON and metrics)."""

@@ -15,47 +15,121 @@ def _csv(value: str) -> list[str]:
 
 
 def _add_run(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", default=env_default("RUN"), required=env_default("RUN") is None, help="run id (env TRAJLAKE_RUN)")
+    p.add_argument(
+        "--run",
+        default=env_default("RUN"),
+        required=env_default("RUN") is None,
+        help="run id (env TRAJLAKE_RUN)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `ablate`, `select-overfit` and `train`."""
-    p = subparsers.add_parser("ablate", help="offline loss ablation: replay a run's data through loss configurations")
+    p = subparsers.add_parser(
+        "ablate", help="offline loss ablation: replay a run's data through loss configurations"
+    )
     add_lake_option(p)
     _add_run(p)
-    p.add_argument("--aggregation", type=_csv, default=_csv(env_default("AGGREGATION", "token_mean,sequence_mean,prompt_mean") or ""),
-                   help="comma-separated aggregation modes (env TRAJLAKE_AGGREGATION; default all three)")
-    p.add_argument("--policy-loss", type=_csv, default=_csv(env_default("POLICY_LOSS", "ppo,dppo,glm5") or ""),
-                   help="comma-separated policy losses: ppo, dppo, dppo_kl, glm5, tis (env TRAJLAKE_POLICY_LOSS)")
-    p.add_argument("--steps", type=int, default=int(env_default("STEPS", "4") or 4), help="batches to replay (env TRAJLAKE_STEPS)")
-    p.add_argument("--seeds", type=int, default=int(env_default("SEEDS", "3") or 3), help="seeds per configuration (env TRAJLAKE_SEEDS)")
-    p.add_argument("--groups-per-batch", type=int, default=int(env_default("GROUPS_PER_BATCH", "8") or 8),
-                   help="prompt groups per batch (env TRAJLAKE_GROUPS_PER_BATCH)")
-    p.add_argument("--train", action="store_true", default=env_default("TRAIN", "") not in ("", "0", "false"),
-                   help="take optimiser steps (else evaluate the losses only) (env TRAJLAKE_TRAIN)")
-    p.add_argument("--json", metavar="PATH", default=env_default("JSON"), help="also write the report as JSON (env TRAJLAKE_JSON)")
+    p.add_argument(
+        "--aggregation",
+        type=_csv,
+        default=_csv(env_default("AGGREGATION", "token_mean,sequence_mean,prompt_mean") or ""),
+        help="comma-separated aggregation modes (env TRAJLAKE_AGGREGATION; default all three)",
+    )
+    p.add_argument(
+        "--policy-loss",
+        type=_csv,
+        default=_csv(env_default("POLICY_LOSS", "ppo,dppo,glm5") or ""),
+        help="comma-separated policy losses: ppo, dppo, dppo_kl, glm5, tis (env TRAJLAKE_POLICY_LOSS)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=int(env_default("STEPS", "2") or 2),
+        help="batches to replay (env TRAJLAKE_STEPS)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=int(env_default("SEEDS", "3") or 3),
+        help="seeds per configuration (env TRAJLAKE_SEEDS)",
+    )
+    p.add_argument(
+        "--groups-per-batch",
+        type=int,
+        default=int(env_default("GROUPS_PER_BATCH", "4") or 4),
+        help="prompt groups per batch (env TRAJLAKE_GROUPS_PER_BATCH)",
+    )
+    p.add_argument(
+        "--train",
+        action="store_true",
+        default=env_default("TRAIN", "") not in ("", "0", "false"),
+        help="take optimiser steps (else evaluate the losses only) (env TRAJLAKE_TRAIN)",
+    )
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        default=env_default("JSON"),
+        help="also write the report as JSON (env TRAJLAKE_JSON)",
+    )
     p.set_defaults(handler=run_ablate)
 
-    p = subparsers.add_parser("select-overfit", help="tasks with non-zero reward variance, to prove learnability first")
+    p = subparsers.add_parser(
+        "select-overfit", help="tasks with non-zero reward variance, to prove learnability first"
+    )
     add_lake_option(p)
     _add_run(p)
-    p.add_argument("--n", type=int, default=int(env_default("N", "32") or 32), help="tasks wanted (env TRAJLAKE_N; default 32)")
-    p.add_argument("--min-samples", type=int, default=int(env_default("MIN_SAMPLES", "2") or 2),
-                   help="samples a task needs (env TRAJLAKE_MIN_SAMPLES; default 2)")
-    p.add_argument("--format", choices=("table", "json"), default=env_default("FORMAT", "table"),
-                   help="output format (env TRAJLAKE_FORMAT)")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=int(env_default("N", "32") or 32),
+        help="tasks wanted (env TRAJLAKE_N; default 32)",
+    )
+    p.add_argument(
+        "--min-samples",
+        type=int,
+        default=int(env_default("MIN_SAMPLES", "2") or 2),
+        help="samples a task needs (env TRAJLAKE_MIN_SAMPLES; default 2)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default=env_default("FORMAT", "table"),
+        help="output format (env TRAJLAKE_FORMAT)",
+    )
     p.set_defaults(handler=run_select_overfit)
 
     p = subparsers.add_parser("train", help="the reference CPU trainer on a run's data (tiny policy)")
     add_lake_option(p)
     _add_run(p)
-    p.add_argument("--steps", type=int, default=int(env_default("STEPS", "10") or 10), help="optimiser steps (env TRAJLAKE_STEPS)")
-    p.add_argument("--rank", type=int, default=int(env_default("RANK", "0") or 0), help="trainer rank (env TRAJLAKE_RANK)")
-    p.add_argument("--catalog", default=env_default("CATALOG_URL"),
-                   help="catalog URL, e.g. postgresql+psycopg://… (env TRAJLAKE_CATALOG_URL; default SQLite in the lake)")
-    p.add_argument("--wait", type=float, default=float(env_default("WAIT_S", "0") or 0),
-                   help="seconds to wait for a batch before stopping (env TRAJLAKE_WAIT_S)")
-    p.add_argument("--config", default=env_default("TRAINER_CONFIG"), help="JSON of TrainerConfig fields (env TRAJLAKE_TRAINER_CONFIG)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=int(env_default("STEPS", "10") or 10),
+        help="optimiser steps (env TRAJLAKE_STEPS)",
+    )
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=int(env_default("RANK", "0") or 0),
+        help="trainer rank (env TRAJLAKE_RANK)",
+    )
+    p.add_argument(
+        "--catalog",
+        default=env_default("CATALOG_URL"),
+        help="catalog URL, e.g. postgresql+psycopg://… (env TRAJLAKE_CATALOG_URL; default SQLite in the lake)",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=float(env_default("WAIT_S", "0") or 0),
+        help="seconds to wait for a batch before stopping (env TRAJLAKE_WAIT_S)",
+    )
+    p.add_argument(
+        "--config",
+        default=env_default("TRAINER_CONFIG"),
+        help="JSON of TrainerConfig fields (env TRAJLAKE_TRAINER_CONFIG)",
+    )
     p.set_defaults(handler=run_train)
 
 
@@ -115,7 +189,16 @@ def run_select_overfit(args: argparse.Namespace) -> int:
 
 def _print_tasks(tasks: list[dict[str, Any]]) -> None:
     header = ("task_id", "n_samples", "n_groups", "reward_mean", "reward_std")
-    rows = [[str(t["task_id"]), str(t["n_samples"]), str(t["n_groups"]), f"{t['reward_mean']:.3f}", f"{t['reward_std']:.3f}"] for t in tasks]
+    rows = [
+        [
+            str(t["task_id"]),
+            str(t["n_samples"]),
+            str(t["n_groups"]),
+            f"{t['reward_mean']:.3f}",
+            f"{t['reward_std']:.3f}",
+        ]
+        for t in tasks
+    ]
     widths = [max(len(r[i]) for r in [list(header), *rows]) for i in range(len(header))]
     for row in [list(header), *rows]:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
@@ -123,14 +206,32 @@ def _print_tasks(tasks: list[dict[str, Any]]) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Run the reference trainer."""
+    from pydantic import ValidationError
+
     from trajlake.trainer.reference import main
 
-    argv = ["--lake", args.lake, "--run", args.run, "--steps", str(args.steps), "--rank", str(args.rank), "--wait", str(args.wait)]
+    argv = [
+        "--lake",
+        args.lake,
+        "--run",
+        args.run,
+        "--steps",
+        str(args.steps),
+        "--rank",
+        str(args.rank),
+        "--wait",
+        str(args.wait),
+    ]
     if args.catalog:
         argv += ["--catalog", args.catalog]
     if args.config:
         argv += ["--config", args.config]
-    return main(argv)
+    try:
+        return main(argv)
+    except ValidationError as err:
+        raise CliError(_pydantic_message(err)) from None
+    except json.JSONDecodeError as err:
+        raise CliError(f"--config must be a JSON object of TrainerConfig fields: {err}") from None
 
 
 def _pydantic_message(err: Any) -> str:

@@ -6,7 +6,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trajlake.trainer.losses import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, POLICY_LOSSES
+AGGREGATION_MODES = ("token_mean", "sequence_mean", "prompt_mean")
+POLICY_LOSSES = ("ppo", "dppo", "dppo_kl", "glm5", "tis")
+ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo")
+"""Names the loss library (`trajlake.trainer.losses`) implements; kept here so configs import no torch."""
 
 
 class SamplerConfig(BaseModel):
@@ -15,9 +18,13 @@ class SamplerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     run_id: str = Field("demo", min_length=1, description="Run whose trajectories to sample (TRAJLAKE_RUN).")
-    max_staleness: int = Field(4, ge=0, description="Hand out only trajectories with v − policy_version_min <= this.")
+    max_staleness: int = Field(
+        4, ge=0, description="Hand out only trajectories with v − policy_version_min <= this."
+    )
     group_size: int | None = Field(
-        None, ge=1, description="Samples per prompt group; None: a group is complete when all its started samples finished."
+        None,
+        ge=1,
+        description="Samples per prompt group; None: a group is complete when all its started samples finished.",
     )
     groups_per_batch: int = Field(4, ge=1, description="Prompt groups per batch.")
     group_wait_s: float = Field(
@@ -26,18 +33,28 @@ class SamplerConfig(BaseModel):
     incomplete_groups: Literal["use", "drop"] = Field(
         "use", description="After group_wait_s: train on the samples that finished, or leave the group out."
     )
-    drop_zero_variance: bool = Field(True, description="Leave out groups whose rewards are all equal (no signal).")
-    overlong: Literal["keep", "mask", "drop"] = Field(
-        "keep", description="Truncated samples (context_exhausted, max_turns, > max_sequence_tokens): keep, zero their loss mask, or drop."
+    drop_zero_variance: bool = Field(
+        True, description="Leave out groups whose rewards are all equal (no signal)."
     )
-    max_sequence_tokens: int | None = Field(None, ge=1, description="Sequences longer than this count as overlong.")
+    overlong: Literal["keep", "mask", "drop"] = Field(
+        "keep",
+        description="Truncated samples (context_exhausted, max_turns, > max_sequence_tokens): keep, zero their loss mask, or drop.",
+    )
+    max_sequence_tokens: int | None = Field(
+        None, ge=1, description="Sequences longer than this count as overlong."
+    )
     micro_batch_tokens: int = Field(
         8192, ge=1, description="Token budget of a micro-batch: rows × longest row of its padded tensor."
     )
-    lease_ttl_s: float = Field(300.0, gt=0, description="Lease lifetime; a crashed rank's trajectories come back after it.")
-    poll_interval_s: float = Field(0.5, gt=0, description="Wait between looks at the lake while no batch is ready.")
+    lease_ttl_s: float = Field(
+        300.0, gt=0, description="Lease lifetime; a crashed rank's trajectories come back after it."
+    )
+    poll_interval_s: float = Field(
+        0.5, gt=0, description="Wait between looks at the lake while no batch is ready."
+    )
     token_reader: Literal["events", "view"] = Field(
-        "events", description="Read token payloads from `events` turns directly (fast) or the `trajectories` view."
+        "events",
+        description="Read token payloads from `events` turns directly (fast) or the `trajectories` view.",
     )
 
 
@@ -46,12 +63,16 @@ class TrainerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    run_id: str = Field("demo", min_length=1, description="Run to train on and to publish policy versions for.")
+    run_id: str = Field(
+        "demo", min_length=1, description="Run to train on and to publish policy versions for."
+    )
     steps: int = Field(10, ge=1, description="Optimiser steps to take.")
     seed: int = Field(0, description="Seed of the weights and of any sampling.")
     vocab_size: int | None = Field(None, ge=2, description="Policy vocabulary; None: from the run's events.")
     max_vocab_size: int = Field(
-        4096, ge=2, description="Larger vocabularies are folded (id % max_vocab_size) so the CPU policy stays tiny."
+        4096,
+        ge=2,
+        description="Larger vocabularies are folded (id % max_vocab_size) so the CPU policy stays tiny.",
     )
     d_model: int = Field(64, ge=1, description="Width of the tiny policy.")
     lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
@@ -64,10 +85,16 @@ class TrainerConfig(BaseModel):
     dppo_delta: float = Field(0.2, gt=0, description="DPPO trust-region threshold δ.")
     tis_cap: float = Field(2.0, gt=0, description="Token-level TIS cap C.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature the rollouts used.")
-    mismatch_threshold: float = Field(0.03, gt=0, description="Healthy mean |rollout − trainer| logprob difference.")
-    checkpoint_dir: str | None = Field(None, description="Where checkpoints go; None: <lake>/checkpoints/<run>.")
+    mismatch_threshold: float = Field(
+        0.03, gt=0, description="Healthy mean |rollout − trainer| logprob difference."
+    )
+    checkpoint_dir: str | None = Field(
+        None, description="Where checkpoints go; None: <lake>/checkpoints/<run>."
+    )
     rank: int = Field(0, ge=0, description="This trainer's rank (leases and trainer_steps rows carry it).")
-    sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="Sampler settings.")
+    sampler: SamplerConfig = Field(
+        default_factory=lambda: SamplerConfig.model_validate({}), description="Sampler settings."
+    )
 
     @model_validator(mode="after")
     def _known_names(self) -> TrainerConfig:

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-AGGREGATION_MODES = ("token_mean", "sequence_mean", "prompt_mean")
-POLICY_LOSSES = ("ppo", "dppo", "dppo_kl", "glm5", "tis")
-ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo")
+from trajlake.trainer.config import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, POLICY_LOSSES
 
 
 @dataclass
@@ -158,7 +156,9 @@ def dppo_loss(
         dist = (prob - old).abs()
     else:
         tiny = 1e-8
-        dist = old * (rollout_logprobs - logprobs.detach()) + (1 - old) * torch.log((1 - old + tiny) / (1 - prob + tiny))
+        dist = old * (rollout_logprobs - logprobs.detach()) + (1 - old) * torch.log(
+            (1 - old + tiny) / (1 - prob + tiny)
+        )
     pushed_up = (adv > 0) & (prob > old)
     pushed_down = (adv < 0) & (prob < old)
     masked = (dist > delta) & (pushed_up | pushed_down)
@@ -256,9 +256,9 @@ def sequence_weights(token_counts: torch.Tensor, prompt_index: torch.Tensor, mod
 def effective_weights(loss_mask: torch.Tensor, prompt_index: torch.Tensor, mode: str) -> torch.Tensor:
     """The weight each token gets in `aggregate_loss`, [B, T]; they sum to 1 (0 with no masked token).
 
-        token_mean:    w_bt = m_bt / Σ m
-        sequence_mean: w_bt = m_bt / (n_b · S),   n_b = Σ_t m_bt, S = #sequences with n_b > 0
-        prompt_mean:   w_bt = m_bt / (N_g · G),   N_g = Σ over g's sequences of n_b, G = #groups with N_g > 0
+    token_mean:    w_bt = m_bt / Σ m
+    sequence_mean: w_bt = m_bt / (n_b · S),   n_b = Σ_t m_bt, S = #sequences with n_b > 0
+    prompt_mean:   w_bt = m_bt / (N_g · G),   N_g = Σ over g's sequences of n_b, G = #groups with N_g > 0
     """
     mask = loss_mask.to(torch.float64)
     return mask * sequence_weights(mask.sum(dim=1), prompt_index, mode).unsqueeze(1)

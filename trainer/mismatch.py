@@ -22,15 +22,15 @@ MISMATCH_THRESHOLD = 0.03
 class Mismatch:
     """Mean absolute logprob difference over `n_tokens` tokens, and whether it is healthy."""
 
-    mean_abs_diff: float
-    max_abs_diff: float
+    mean_abs_diff: float | None
+    max_abs_diff: float | None
     n_tokens: int
     threshold: float = MISMATCH_THRESHOLD
 
     @property
-    def healthy(self) -> bool:
-        """True when the mean difference is below the threshold (no tokens counts as healthy)."""
-        return self.mean_abs_diff < self.threshold
+    def healthy(self) -> bool | None:
+        """True when the mean difference is below the threshold; None when no token was measured."""
+        return None if self.mean_abs_diff is None else self.mean_abs_diff < self.threshold
 
 
 def logprob_mismatch(
@@ -41,22 +41,23 @@ def logprob_mismatch(
 ) -> Mismatch:
     """Mismatch over the tokens where `loss_mask` is set (the sampled ones), [B, T] inputs.
 
-        mismatch = Σ_t m_t · |logμ_t − logπ_t| / Σ_t m_t
+    mismatch = Σ_t m_t · |logμ_t − logπ_t| / Σ_t m_t
     """
     mask = loss_mask.bool()
     diff = (rollout_logprobs.detach().double() - trainer_logprobs.detach().double()).abs()[mask]
     if diff.numel() == 0:
-        return Mismatch(0.0, 0.0, 0, threshold)
+        return Mismatch(None, None, 0, threshold)
     return Mismatch(float(diff.mean()), float(diff.max()), int(diff.numel()), threshold)
 
 
 def combine(parts: list[Mismatch]) -> Mismatch:
     """The mismatch of a whole batch from its micro-batches' (token-weighted)."""
-    n = sum(p.n_tokens for p in parts)
+    measured = [p for p in parts if p.n_tokens]
+    n = sum(p.n_tokens for p in measured)
     if n == 0:
-        return Mismatch(0.0, 0.0, 0, parts[0].threshold if parts else MISMATCH_THRESHOLD)
-    mean = sum(p.mean_abs_diff * p.n_tokens for p in parts) / n
-    return Mismatch(mean, max(p.max_abs_diff for p in parts), n, parts[0].threshold)
+        return Mismatch(None, None, 0, parts[0].threshold if parts else MISMATCH_THRESHOLD)
+    mean = sum(p.mean_abs_diff * p.n_tokens for p in measured) / n  # type: ignore[operator]
+    return Mismatch(mean, max(p.max_abs_diff for p in measured), n, parts[0].threshold)  # type: ignore[type-var]
 
 
 def write_trainer_steps(lake: Lake, rows: list[dict[str, Any]]) -> int:
@@ -68,7 +69,11 @@ def write_trainer_steps(lake: Lake, rows: list[dict[str, Any]]) -> int:
     from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
 
     now = dt.datetime.now(dt.UTC)
-    full = [{name: row.get(name) for name in TRAINER_STEPS_SCHEMA.names} | {"created_at": row.get("created_at") or now} for row in rows]
+    full = [
+        {name: row.get(name) for name in TRAINER_STEPS_SCHEMA.names}
+        | {"created_at": row.get("created_at") or now}
+        for row in rows
+    ]
     return lake.append("trainer_steps", pa.Table.from_pylist(full, schema=TRAINER_STEPS_SCHEMA))
 
 

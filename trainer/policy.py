@@ -45,7 +45,9 @@ class TinyPolicy(nn.Module):
             self.head = nn.Linear(d_model, vocab_size)
 
     # -- forward ------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, hidden: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, T, V] of the next token after each position, and the final hidden state."""
         out, hidden = self.rnn(self.embed(input_ids), hidden)
         return self.head(self.norm(out)), hidden
@@ -94,21 +96,36 @@ class TinyPolicy(nn.Module):
         return result
 
     def logprobs_and_entropy(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, temperature: float = 1.0
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`token_logprobs` and `entropy` from one forward pass (the trainer needs both)."""
+        """`token_logprobs` and `entropy` from one forward pass (the trainer needs both).
+
+        With `positions` (bool [B, T]), the vocabulary head runs only where it is set (the
+        tokens a loss trains on) and every other entry is 0: the head is most of the cost.
+        """
         input_ids = input_ids.long()
         batch, length = input_ids.shape
-        zeros = torch.zeros(batch, 1, dtype=torch.float32, device=input_ids.device)
+        logprobs = torch.zeros(batch, length, dtype=torch.float32, device=input_ids.device)
+        entropy = torch.zeros_like(logprobs)
         if length < 2:
-            return zeros.expand(batch, length).clone(), zeros.expand(batch, length).clone()
-        log_probs = self._shifted_log_probs(input_ids, temperature)
-        picked = torch.cat([zeros, log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)], dim=1)
-        ent = torch.cat([zeros, -(log_probs.exp() * log_probs).sum(-1)], dim=1)
+            return logprobs, entropy
+        hidden, _ = self.rnn(self.embed(input_ids[:, :-1]))
+        want = torch.ones(batch, length - 1, dtype=torch.bool, device=input_ids.device)
+        if positions is not None:
+            want = want & positions[:, 1:].bool()
         if attention_mask is not None:
-            keep = attention_mask.to(picked.dtype)
-            picked, ent = picked * keep, ent * keep
-        return picked, ent
+            want = want & attention_mask[:, 1:].bool()
+        log_probs = F.log_softmax(self.head(self.norm(hidden[want])).float() / temperature, dim=-1)
+        picked = log_probs.gather(-1, input_ids[:, 1:][want].unsqueeze(-1)).squeeze(-1)
+        ent = -(log_probs.exp() * log_probs).sum(-1)
+        index = want.nonzero(as_tuple=True)
+        logprobs = logprobs.index_put((index[0], index[1] + 1), picked)
+        entropy = entropy.index_put((index[0], index[1] + 1), ent)
+        return logprobs, entropy
 
     # -- sampling -----------------------------------------------------------------------
     @torch.no_grad()

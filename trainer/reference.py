@@ -46,7 +46,9 @@ STEP_COLUMNS = (
 def run_vocab_size(lake: Lake, run_id: str) -> int | None:
     """The vocabulary size the run's producers declared, if any."""
     table = lake.read(
-        "events", ["vocab_size"], where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}' and vocab_size is not null"
+        "events",
+        ["vocab_size"],
+        where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}' and vocab_size is not null",
     )
     values = [v for v in table.column("vocab_size").to_pylist() if v]
     return max(values) if values else None
@@ -54,7 +56,9 @@ def run_vocab_size(lake: Lake, run_id: str) -> int | None:
 
 def run_policy_version(lake: Lake, run_id: str) -> int | None:
     """The highest policy version the run's events announced, if any."""
-    table = lake.read("policy_versions", ["policy_version"], where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}'")
+    table = lake.read(
+        "policy_versions", ["policy_version"], where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}'"
+    )
     values = [v for v in table.column("policy_version").to_pylist() if v is not None]
     return max(values) if values else None
 
@@ -91,11 +95,15 @@ class ReferenceTrainer:
         self.catalog.register_run(cfg.run_id, cfg.model_dump(mode="json"))
         vocab = cfg.vocab_size or run_vocab_size(self.lake, cfg.run_id) or cfg.max_vocab_size
         self.fold_vocab = cfg.max_vocab_size if vocab > cfg.max_vocab_size else None
-        self.policy = TinyPolicy(min(vocab, cfg.max_vocab_size), d_model=cfg.d_model, seed=cfg.seed)
+        self.policy = self.build_policy(min(vocab, cfg.max_vocab_size))
         self.version = self._resume()
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr)
         sampler_config = cfg.sampler.model_copy(update={"run_id": cfg.run_id})
         self.sampler = Sampler(self.lake, self.catalog, sampler_config, rank=cfg.rank, recorder=self.recorder)
+
+    def build_policy(self, vocab_size: int) -> Any:
+        """The model to train: the tiny CPU policy (the Megatron adapter overrides this)."""
+        return TinyPolicy(vocab_size, d_model=self.config.d_model, seed=self.config.seed)
 
     def _resume(self) -> int:
         """Load the run's last checkpoint if there is one; return the trainer version to start at."""
@@ -121,22 +129,32 @@ class ReferenceTrainer:
 
     def train_step(self, batch: Batch, commit: bool = True) -> dict[str, Any]:
         """One optimiser step on `batch`; commit it, publish the new version, record metrics."""
+        step_index = self.step  # the step this batch was sampled for (batch_consumption's `step`)
         metrics = policy_step(self.policy, self.optimizer, batch, self.config, self.fold_vocab)
         if commit:
             self.sampler.commit(batch)
         self.version += 1
         self.step += 1
         self.policy.version = self.version
-        metrics.update(step=self.step, trainer_version=self.version, rank=self.config.rank)
+        metrics.update(step=step_index, trainer_version=self.version, rank=self.config.rank)
+        metrics["sampler"] = batch.stats.as_dict()  # what was left out: system failures, stale, ...
         if self.config.rank == 0:
+            assert self.catalog is not None, "call setup() before train_step()"
             checkpoint = self.save_checkpoint()
             self.catalog.record_policy_version(self.config.run_id, self.version, self.step, checkpoint)
             summary = {k: metrics[k] for k in ("loss", "grad_norm", "mismatch", "reward_mean")}
             publish_policy_updated(
-                self.lake, self.recorder, self.config.run_id, self.sampler.owner, self.version, self.step, checkpoint, summary
+                self.lake,
+                self.recorder,
+                self.config.run_id,
+                self.sampler.owner,
+                self.version,
+                self.step,
+                checkpoint,
+                summary,
             )
         row = {k: metrics[k] for k in STEP_COLUMNS} | {
-            "run_id": self.config.run_id, "step": self.step, "trainer_version": self.version, "rank": self.config.rank,
+            "run_id": self.config.run_id, "step": step_index, "trainer_version": self.version, "rank": self.config.rank,
         }  # fmt: skip
         write_trainer_steps(self.lake, [row])
         self.history.append(metrics)
@@ -174,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=int(os.environ.get("TRAJLAKE_STEPS", "10")))
     parser.add_argument("--rank", type=int, default=int(os.environ.get("TRAJLAKE_RANK", "0")))
     parser.add_argument("--catalog", default=os.environ.get("TRAJLAKE_CATALOG_URL"))
-    parser.add_argument("--config", default=os.environ.get("TRAJLAKE_TRAINER_CONFIG"), help="JSON of TrainerConfig fields")
+    parser.add_argument(
+        "--config", default=os.environ.get("TRAJLAKE_TRAINER_CONFIG"), help="JSON of TrainerConfig fields"
+    )
     parser.add_argument("--wait", type=float, default=float(os.environ.get("TRAJLAKE_WAIT_S", "0")))
     args = parser.parse_args(argv)
     extra = json.loads(args.config) if args.config else {}
@@ -184,7 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer.setup()
     try:
         for metrics in trainer.train(wait_s=args.wait):
-            print(json.dumps({k: metrics[k] for k in ("step", "trainer_version", "loss", "grad_norm", "mismatch")}), flush=True)
+            print(
+                json.dumps(
+                    {k: metrics[k] for k in ("step", "trainer_version", "loss", "grad_norm", "mismatch")}
+                ),
+                flush=True,
+            )
     finally:
         trainer.cleanup()
         lake.close()

@@ -92,11 +92,15 @@ class Sampler:
         self.handed_out = 0
 
     # -- selection ------------------------------------------------------------------------
-    def select_groups(self, trainer_version: int, now: dt.datetime | None = None) -> tuple[list[_Group], SamplerStats]:
+    def select_groups(
+        self, trainer_version: int, now: dt.datetime | None = None
+    ) -> tuple[list[_Group], SamplerStats]:
         """Groups ready to hand out at `trainer_version` (oldest first), and what was left out."""
         cfg = self.config
         now = now or dt.datetime.now(dt.UTC)
-        rows = self.lake.read("trajectories", list(SCALAR_COLUMNS), where=f"run_id = '{_esc(cfg.run_id)}'")
+        rows = self.lake.sql(
+            f"select {', '.join(SCALAR_COLUMNS)} from trajectories where run_id = '{_esc(cfg.run_id)}'"
+        )
         taken = self.catalog.unavailable_ids(cfg.run_id) if self.catalog is not None else set()
         cols = {name: rows.column(name).to_pylist() for name in SCALAR_COLUMNS}
         stats = SamplerStats()
@@ -115,11 +119,14 @@ class Sampler:
             stats.finished += 1
             group.finished += 1
             finished_at = cols["finished_at"][i]
-            if finished_at is not None and (group.first_finished_at is None or finished_at < group.first_finished_at):
+            if finished_at is not None and (
+                group.first_finished_at is None or finished_at < group.first_finished_at
+            ):
                 group.first_finished_at = finished_at
             member = self._admit(cols, i, trainer_version, stats)
             if member is not None:
                 group.members.append(member)
+        stats.late_members = sum(len(groups[gid].members) for gid in blocked)
         ready = [g for gid, g in groups.items() if gid not in blocked and self._is_ready(g, now, stats)]
         ready = [g for g in ready if self._has_signal(g, stats)]
         ready.sort(key=lambda g: (g.first_finished_at or now, g.group_id))
@@ -139,20 +146,27 @@ class Sampler:
         if pv_min is None or version - pv_min > cfg.max_staleness:
             stats.stale += 1
             return None
-        too_long = cfg.max_sequence_tokens is not None and (cols["total_tokens"][i] or 0) > cfg.max_sequence_tokens
+        too_long = (
+            cfg.max_sequence_tokens is not None and (cols["total_tokens"][i] or 0) > cfg.max_sequence_tokens
+        )
         overlong = cols["status"][i] in TRUNCATED_STATUSES or too_long
         if overlong:
             stats.overlong += 1
             if cfg.overlong == "drop":
                 return None
-        return _Member(cols["trajectory_id"][i], cols["task_id"][i], float(cols["reward"][i]), int(pv_min), overlong)
+        return _Member(
+            cols["trajectory_id"][i], cols["task_id"][i], float(cols["reward"][i]), int(pv_min), overlong
+        )
 
     def _is_ready(self, group: _Group, now: dt.datetime, stats: SamplerStats) -> bool:
         cfg = self.config
         complete = group.finished >= cfg.group_size if cfg.group_size else group.unfinished == 0
         if complete:
             return bool(group.members)
-        waited = group.first_finished_at is not None and (now - group.first_finished_at).total_seconds() >= cfg.group_wait_s
+        waited = (
+            group.first_finished_at is not None
+            and (now - group.first_finished_at).total_seconds() >= cfg.group_wait_s
+        )
         if not waited:
             stats.incomplete_groups_waiting += 1
             return False
@@ -202,40 +216,71 @@ class Sampler:
         ]
 
     def _claim(self, groups: list[_Group], version: int, stats: SamplerStats) -> list[_Group]:
-        """Lease whole groups, spreading ranks over the list; skip groups another rank got first."""
-        if self.catalog is None:
-            raise ValueError("this sampler has no catalog: pass one to hand out batches (or use plan() to replay)")
-        shift = (self.rank * self.config.groups_per_batch) % len(groups)
+        """Lease whole groups, spreading ranks over the list; skip groups another rank got first.
+
+        Claims the ids of as many groups as are still wanted in one statement, then gives
+        back the part of any group it got only partly (a race with another rank).
+        """
+        catalog = self._catalog()
+        run, want = self.config.run_id, self.config.groups_per_batch
+        shift = (self.rank * want) % len(groups)
+        queue = groups[shift:] + groups[:shift]
         claimed: list[_Group] = []
-        for group in groups[shift:] + groups[:shift]:
-            ids = [m.trajectory_id for m in group.members]
-            got = self.catalog.claim(
-                self.config.run_id, ids, self.owner, rank=self.rank, trainer_version=version, ttl_s=self.config.lease_ttl_s
+        while queue and len(claimed) < want:
+            chunk, queue = queue[: want - len(claimed)], queue[want - len(claimed) :]
+            ids = [m.trajectory_id for g in chunk for m in g.members]
+            got = set(
+                catalog.claim(
+                    run,
+                    ids,
+                    self.owner,
+                    rank=self.rank,
+                    trainer_version=version,
+                    ttl_s=self.config.lease_ttl_s,
+                )
             )
-            if len(got) == len(ids):
-                claimed.append(group)
-            else:
-                stats.lost_races += 1
-                self.catalog.release(self.config.run_id, got, self.owner)
-            if len(claimed) == self.config.groups_per_batch:
-                break
+            partial: list[str] = []
+            for group in chunk:
+                mine = [m.trajectory_id for m in group.members if m.trajectory_id in got]
+                if len(mine) == len(group.members):
+                    claimed.append(group)
+                else:
+                    stats.lost_races += 1
+                    partial += mine
+            catalog.release(run, partial, self.owner)
         return claimed
+
+    def _catalog(self) -> Catalog:
+        if self.catalog is None:
+            raise ValueError(
+                "this sampler has no catalog: pass one to hand out batches (or use plan() to replay)"
+            )
+        return self.catalog
 
     def _build(self, groups: list[_Group], version: int, step: int, stats: SamplerStats) -> Batch:
         members = [m for g in groups for m in g.members]
-        tokens = read_tokens(self.lake, self.config.run_id, [m.trajectory_id for m in members], self.config.token_reader)
+        tokens = read_tokens(
+            self.lake, self.config.run_id, [m.trajectory_id for m in members], self.config.token_reader
+        )
         samples: list[TrajectorySample] = []
         for group in groups:
             for m in group.members:
                 ids, lps, mask = tokens[m.trajectory_id]
                 if m.overlong and self.config.overlong == "mask":
                     mask = np.zeros_like(mask)  # kept for the group's baseline, but not trained on
-                samples.append(
-                    TrajectorySample(
-                        m.trajectory_id, group.group_id, m.task_id, m.reward, m.policy_version_min,
-                        version - m.policy_version_min, ids, lps, mask, m.overlong,
-                    )  # fmt: skip
+                sample = TrajectorySample(
+                    trajectory_id=m.trajectory_id,
+                    group_id=group.group_id,
+                    task_id=m.task_id,
+                    reward=m.reward,
+                    policy_version_min=m.policy_version_min,
+                    staleness=version - m.policy_version_min,
+                    token_ids=ids,
+                    logprobs=lps,
+                    loss_mask=mask,
+                    overlong=m.overlong,
                 )
+                samples.append(sample)
         micro = pack_micro_batches([s.n_tokens for s in samples], self.config.micro_batch_tokens)
         self.handed_out += len(samples)
         return Batch(self.config.run_id, step, version, samples, micro, stats)
@@ -247,7 +292,7 @@ class Sampler:
         another rank took some of the batch: raise `lease_ttl_s` above the step time.
         """
         run = self.config.run_id
-        kept = set(self.catalog.mark_consumed(run, batch.trajectory_ids, self.owner, step=batch.step))
+        kept = set(self._catalog().mark_consumed(run, batch.trajectory_ids, self.owner, step=batch.step))
         samples = [s for s in batch.samples if s.trajectory_id in kept]
         if samples:
             self._record(batch, samples)
@@ -269,13 +314,15 @@ class Sampler:
 
     def release(self, batch: Batch) -> int:
         """Give a batch back unused (e.g. the step failed); its trajectories can be handed out again."""
-        return self.catalog.release(self.config.run_id, batch.trajectory_ids, self.owner)
+        return self._catalog().release(self.config.run_id, batch.trajectory_ids, self.owner)
 
     def renew(self) -> int:
         """Extend this rank's live leases by `lease_ttl_s` (for steps longer than the TTL)."""
-        return self.catalog.renew(self.config.run_id, self.owner, self.config.lease_ttl_s)
+        return self._catalog().renew(self.config.run_id, self.owner, self.config.lease_ttl_s)
 
-    def batches(self, trainer_version: Any, steps: int | None = None, timeout_s: float = 0.0) -> Iterator[Batch]:
+    def batches(
+        self, trainer_version: Any, steps: int | None = None, timeout_s: float = 0.0
+    ) -> Iterator[Batch]:
         """Yield batches; each is committed when the loop asks for the next one (or ends).
 
         `trainer_version` is an int or a callable returning the current version.

@@ -10,6 +10,7 @@ the gradient of the whole-batch loss.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -17,14 +18,18 @@ import torch
 from trajlake.trainer import losses
 from trajlake.trainer.batch import Batch
 from trajlake.trainer.config import TrainerConfig
-from trajlake.trainer.mismatch import combine, logprob_mismatch
+from trajlake.trainer.mismatch import Mismatch, combine, logprob_mismatch
 
 
 class TrainablePolicy(Protocol):
     """What a step needs from a model: per-token logprobs and entropy, and parameters."""
 
     def logprobs_and_entropy(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, temperature: float = 1.0
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def parameters(self) -> Any: ...
@@ -39,49 +44,118 @@ def policy_step(
 ) -> dict[str, Any]:
     """Forward, backward and (with an optimizer) update on `batch`; return the step's metrics.
 
-    Without an optimizer the gradients are computed (for the grad norm) but not applied:
-    the evaluate-only mode of `trajlake ablate`.
+    Without an optimizer the gradients are computed (for the grad norm) but not applied.
     """
+    return _step(model, optimizer, batch, [config], fold_vocab)[0]
+
+
+def evaluate_configs(
+    model: TrainablePolicy, batch: Batch, configs: list[TrainerConfig], fold_vocab: int | None = None
+) -> list[dict[str, Any]]:
+    """Each configuration's metrics at the current weights, without an update (`trajlake ablate`).
+
+    The forward pass is shared: one per micro-batch, then one backward per configuration.
+    The figures equal `policy_step(model, None, batch, config)` for each config.
+    """
+    return _step(model, None, batch, configs, fold_vocab)
+
+
+@dataclass
+class _Tally:
+    loss: float = 0.0
+    entropy: float = 0.0
+    clipped: int = 0
+    masked: int = 0
+    tokens: int = 0
+    parts: list[Mismatch] = field(default_factory=list)
+    grad: torch.Tensor | None = None
+
+
+def _step(
+    model: TrainablePolicy,
+    optimizer: torch.optim.Optimizer | None,
+    batch: Batch,
+    configs: list[TrainerConfig],
+    fold_vocab: int | None,
+) -> list[dict[str, Any]]:
     started = time.perf_counter()
+    if optimizer is not None and len(configs) != 1:
+        raise ValueError("an update step takes exactly one configuration")
+    if len({c.temperature for c in configs}) > 1:
+        raise ValueError("configurations evaluated together must share the sampling temperature")
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
     prompt_index = torch.from_numpy(batch.prompt_index())
     rewards = torch.from_numpy(batch.rewards())
-    advantages = losses.compute_advantages(config.advantage, rewards, prompt_index)
     counts = torch.tensor([int(s.loss_mask[1:].sum()) for s in batch.samples], dtype=torch.float64)
-    seq_weights = losses.sequence_weights(counts, prompt_index, config.aggregation)
-    total = {"loss": 0.0, "entropy": 0.0, "clipped": 0, "masked": 0, "tokens": 0}
-    parts = []
+    advantages = [losses.compute_advantages(c.advantage, rewards, prompt_index) for c in configs]
+    seq_weights = [losses.sequence_weights(counts, prompt_index, c.aggregation) for c in configs]
+    tallies = [_Tally() for _ in configs]
+    separate = len(configs) > 1
     for indices in batch.micro_batches:
         mb = batch.tensors(indices, vocab_size=fold_vocab)
-        logprobs, entropy = model.logprobs_and_entropy(mb.input_ids, mb.attention_mask, config.temperature)
-        out = losses.policy_loss(
-            config.policy_loss, logprobs, mb.rollout_logprobs, advantages[indices], **config.loss_params()
+        logprobs, entropy = model.logprobs_and_entropy(
+            mb.input_ids, mb.attention_mask, configs[0].temperature, positions=mb.loss_mask
         )
         mask = mb.loss_mask
-        weights = seq_weights[indices].to(logprobs.dtype).unsqueeze(1) * mask
-        loss = (out.token_loss * weights).sum()
-        if loss.requires_grad:
-            loss.backward()
-        total["loss"] += float(loss.detach())
-        total["entropy"] += float(entropy.detach()[mask].sum())
-        total["clipped"] += int(out.clipped[mask].sum())
-        total["masked"] += int(out.masked[mask].sum())
-        total["tokens"] += int(mask.sum())
-        parts.append(logprob_mismatch(mb.rollout_logprobs, logprobs, mask, config.mismatch_threshold))
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)) if params else 0.0
+        for k, (config, tally) in enumerate(zip(configs, tallies, strict=True)):
+            out = losses.policy_loss(
+                config.policy_loss,
+                logprobs,
+                mb.rollout_logprobs,
+                advantages[k][indices],
+                **config.loss_params(),
+            )
+            weights = seq_weights[k][indices].to(logprobs.dtype).unsqueeze(1) * mask
+            loss = (out.token_loss * weights).sum()
+            if loss.requires_grad:
+                loss.backward(retain_graph=k < len(configs) - 1)
+            if separate:  # keep each configuration's gradient apart
+                flat = torch.cat(
+                    [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params]
+                )
+                tally.grad = flat if tally.grad is None else tally.grad + flat
+                for p in params:
+                    p.grad = None
+            tally.loss += float(loss.detach())
+            tally.entropy += float(entropy.detach()[mask].sum())
+            tally.clipped += int(out.clipped[mask].sum())
+            tally.masked += int(out.masked[mask].sum())
+            tally.tokens += int(mask.sum())
+            # Only samples generated by these very weights (staleness 0) measure the train/inference
+            # mismatch; on older ones the difference is the policy's own drift since then.
+            fresh = torch.tensor([batch.samples[i].staleness == 0 for i in indices], dtype=torch.bool)
+            tally.parts.append(
+                logprob_mismatch(
+                    mb.rollout_logprobs, logprobs, mask.bool() & fresh.unsqueeze(1), config.mismatch_threshold
+                )
+            )
+    if separate:
+        norms = [float(t.grad.norm()) if t.grad is not None else 0.0 for t in tallies]
+    else:
+        norms = [float(torch.nn.utils.clip_grad_norm_(params, configs[0].max_grad_norm)) if params else 0.0]
     if optimizer is not None:
         optimizer.step()
-    mismatch = combine(parts)
-    n = max(total["tokens"], 1)
+    duration = time.perf_counter() - started
+    return [
+        _metrics(tally, norm, batch, rewards, losses.group_weight_spread(w * counts, prompt_index), duration)
+        for tally, norm, w in zip(tallies, norms, seq_weights, strict=True)
+    ]
+
+
+def _metrics(
+    tally: _Tally, grad_norm: float, batch: Batch, rewards: torch.Tensor, spread: float, duration: float
+) -> dict[str, Any]:
+    mismatch = combine(tally.parts)
+    n = max(tally.tokens, 1)
     staleness = batch.staleness or [0]
     return {
-        "loss": total["loss"],
-        "entropy": total["entropy"] / n,
+        "loss": tally.loss,
+        "entropy": tally.entropy / n,
         "grad_norm": grad_norm,
-        "clip_fraction": total["clipped"] / n,
-        "masked_fraction": total["masked"] / n,
+        "clip_fraction": tally.clipped / n,
+        "masked_fraction": tally.masked / n,
         "mismatch": mismatch.mean_abs_diff,
         "mismatch_max": mismatch.max_abs_diff,
         "mismatch_healthy": mismatch.healthy,
@@ -89,9 +163,8 @@ def policy_step(
         "staleness_max": max(staleness),
         "n_trajectories": len(batch.samples),
         "n_tokens": batch.n_tokens,
-        "n_loss_tokens": total["tokens"],
+        "n_loss_tokens": tally.tokens,
         "reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
-        "prompt_weight_spread": losses.group_weight_spread(seq_weights * counts, prompt_index),
-        "duration_s": time.perf_counter() - started,
+        "prompt_weight_spread": spread,
+        "duration_s": duration,
     }
-

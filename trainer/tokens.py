@@ -56,7 +56,7 @@ def read_from_events(lake: Lake, run_id: str, trajectory_ids: Sequence[str]) -> 
     if not trajectory_ids:
         return {}
     where = f"event_type = 'turn' and run_id = '{run_id.replace(chr(39), chr(39) * 2)}' and trajectory_id in ({_quote_list(trajectory_ids)})"
-    turns = lake.read("events", list(TURN_COLUMNS), where=where)
+    turns = lake.sql(f"select {', '.join(TURN_COLUMNS)} from events where {where}")
     return assemble(turns)
 
 
@@ -87,9 +87,15 @@ def assemble(turns: pa.Table) -> dict[str, TokenArrays]:
             n_mask = mask_at[i + 1] - mask_at[i]
             ids_parts += [inp, out]
             lp_parts += [np.zeros(len(inp), np.float32), out_lps[lp_at[i] : lp_at[i + 1]]]
-            out_mask = masks[mask_at[i] : mask_at[i + 1]] if n_mask == len(out) else np.ones(len(out), np.bool_)
+            out_mask = (
+                masks[mask_at[i] : mask_at[i + 1]] if n_mask == len(out) else np.ones(len(out), np.bool_)
+            )
             mask_parts += [np.zeros(len(inp), np.bool_), out_mask]
-        result[tids[start]] = (np.concatenate(ids_parts), np.concatenate(lp_parts), np.concatenate(mask_parts))
+        result[tids[start]] = (
+            np.concatenate(ids_parts),
+            np.concatenate(lp_parts),
+            np.concatenate(mask_parts),
+        )
         start = end
     return result
 
@@ -107,10 +113,15 @@ def read_from_view(lake: Lake, run_id: str, trajectory_ids: Sequence[str]) -> di
     ids, at = _flat(table.column("token_ids"), np.int32)
     lps, _ = _flat(table.column("logprobs"), np.float32)
     masks, _ = _flat(table.column("loss_mask"), np.bool_)
-    return {tid: (ids[at[i] : at[i + 1]], lps[at[i] : at[i + 1]], masks[at[i] : at[i + 1]]) for i, tid in enumerate(tids)}
+    return {
+        tid: (ids[at[i] : at[i + 1]], lps[at[i] : at[i + 1]], masks[at[i] : at[i + 1]])
+        for i, tid in enumerate(tids)
+    }
 
 
-def read_tokens(lake: Lake, run_id: str, trajectory_ids: Sequence[str], reader: str = "events") -> dict[str, TokenArrays]:
+def read_tokens(
+    lake: Lake, run_id: str, trajectory_ids: Sequence[str], reader: str = "events"
+) -> dict[str, TokenArrays]:
     """Token arrays by reader name: `events` (direct) or `view` (the SQL view)."""
     if reader == "events":
         return read_from_events(lake, run_id, trajectory_ids)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import streamlit as st
-from trajlake.dashboards.metrics import MISMATCH_THRESHOLD
+
+from trajlake.dashboards.metrics import CATEGORIES, MISMATCH_THRESHOLD
 from trajlake.dashboards.views.common import PageContext, area, bars, empty_state, fmt, line
 
 
@@ -82,13 +83,20 @@ def render(ctx: PageContext) -> None:
                 "category",
                 "Arrivals over time (finished trajectories)",
                 normalize=True,
+                domain=CATEGORIES[by],
             )
         else:
             empty_state("finished trajectories", "Arrivals show up as trajectories finish.")
     with right:
         if consumed.num_rows:
             bars(
-                consumed, "step", "n_trajectories", "Consumed per trainer step", color="category", x_type="O"
+                consumed,
+                "step",
+                "n_trajectories",
+                "Consumed per trainer step",
+                color="category",
+                x_type="O",
+                domain=CATEGORIES[by],
             )
         else:
             empty_state("consumed batches", "Per-step composition appears once the trainer samples.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import streamlit as st
+
 from trajlake.dashboards.views.common import PageContext, bars, empty_state, fmt, frame, line
 
 RATIOS = ["tool_success_rate", "code_exec_ratio", "context_exhaustion_ratio", "nudge_rate", "tito_drift_rate"]

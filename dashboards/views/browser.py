@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import streamlit as st
+
 from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame
 from trajlake.schemas.events import FAILURE_ORIGINS, STATUSES
 

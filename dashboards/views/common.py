@@ -9,6 +9,7 @@ from typing import Any
 import altair as alt
 import pyarrow as pa
 import streamlit as st
+
 from trajlake.dashboards import metrics
 
 CACHE_TTL_S = 15
@@ -103,6 +104,7 @@ def bars(
     x_type: str = "N",
     horizontal: bool = False,
     stack: bool = True,
+    domain: list[str] | None = None,
 ) -> None:
     """A bar chart, stacked by `color` when given."""
     data = frame(table)
@@ -110,12 +112,21 @@ def bars(
     y_enc = alt.Y(f"{y}:Q", title=y, stack=stack or None)
     enc: dict[str, Any] = {"x": y_enc, "y": x_enc} if horizontal else {"x": x_enc, "y": y_enc}
     if color:
-        enc["color"] = alt.Color(f"{color}:N")
+        enc["color"] = alt.Color(f"{color}:N", scale=alt.Scale(domain=domain) if domain else alt.Undefined)
     chart = alt.Chart(data, title=title).mark_bar().encode(**enc, tooltip=list(data.columns))
     st.altair_chart(chart, width="stretch")
 
 
-def area(table: pa.Table, x: str, y: str, color: str, title: str, *, normalize: bool = False) -> None:
+def area(
+    table: pa.Table,
+    x: str,
+    y: str,
+    color: str,
+    title: str,
+    *,
+    normalize: bool = False,
+    domain: list[str] | None = None,
+) -> None:
     """Stacked bars per time bucket (shares when `normalize`), readable even with a single bucket."""
     data = frame(table)
     times = data[x]
@@ -127,7 +138,7 @@ def area(table: pa.Table, x: str, y: str, color: str, title: str, *, normalize: 
         .encode(
             x=alt.X("time:O", title=f"{x} (UTC)", axis=alt.Axis(labelAngle=-45 if len(data) > 12 else 0)),
             y=alt.Y(f"{y}:Q", stack="normalize" if normalize else True, title="share" if normalize else y),
-            color=alt.Color(f"{color}:N"),
+            color=alt.Color(f"{color}:N", scale=alt.Scale(domain=domain) if domain else alt.Undefined),
             tooltip=[c for c in data.columns if c != x],
         )
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import streamlit as st
+
 from trajlake.dashboards.views.common import PageContext, area, bars, empty_state, frame
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import streamlit as st
+
 from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame, line
 
 
@@ -37,6 +38,9 @@ def render(ctx: PageContext) -> None:
     with right:
         if curve.num_rows:
             line(curve, "k", "pass_at_k", "pass@k (unbiased estimator, averaged over tasks)", x_type="O")
+            st.caption(
+                "A task counts toward pass@k when it has at least k scored samples (n_tasks in the tooltip)."
+            )
         else:
             empty_state("scored trajectories", "pass@k needs finished trajectories with a reward.")
     st.subheader("By policy version")

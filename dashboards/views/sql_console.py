@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import streamlit as st
+
 from trajlake.dashboards.views.common import PageContext, frame
 
 MAX_ROWS_SHOWN = 10_000
@@ -38,6 +39,7 @@ def render(ctx: PageContext) -> None:
 def run_query(ctx: PageContext, sql: str) -> pa.Table | str:
     """The query's result, or the error message to show (refused writes, unknown columns, …)."""
     import duckdb
+
     from trajlake.store.errors import LakeError
 
     try:

@@ -23,7 +23,7 @@ def setup_bus(
     `options` are further `KafkaConfig` fields (group_id, wire_format, sasl_*, …).
     """
     if kind == "inprocess":
-        return InProcessBus(topic=topic or "trajlake-events", **options)
+        return InProcessBus(topic=topic, **options)
     if kind == "kafka":
         from trajlake.ingest.bus.kafka import KafkaBus
         from trajlake.ingest.config import KafkaConfig

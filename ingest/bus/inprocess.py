@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,8 +29,10 @@ def group_by_trajectory(events: Sequence[Mapping[str, Any]]) -> dict[str | None,
 class InProcessBus(Bus):
     """Thread-safe in-memory bus; the test double for `KafkaBus`, with the same message path."""
 
-    def __init__(self, topic: str = "trajlake-events", partitions: int = 4) -> None:
-        self.topic = topic
+    def __init__(self, topic: str | None = None, partitions: int = 4) -> None:
+        # Offsets restart at 0 in every process, while the sink resumes from the offsets
+        # stored in the lake per topic: each bus therefore gets a topic of its own.
+        self.topic = topic or f"inprocess-{uuid.uuid4().hex[:12]}"
         self.partitions = partitions
         self._logs: list[list[Message]] = [[] for _ in range(partitions)]
         self._next: list[int] = [0] * partitions
@@ -39,7 +42,9 @@ class InProcessBus(Bus):
         groups = group_by_trajectory(events)
         for key, group in groups.items():
             value = codec.encode_arrow(group)
-            self.send(Message(key=key, value=value, headers={codec.CONTENT_TYPE_HEADER: codec.ARROW_CONTENT_TYPE}))
+            self.send(
+                Message(key=key, value=value, headers={codec.CONTENT_TYPE_HEADER: codec.ARROW_CONTENT_TYPE})
+            )
         return len(groups)
 
     def send(self, message: Message) -> None:

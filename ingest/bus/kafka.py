@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 try:  # producer metrics land in the default registry of whatever process serves /metrics
     from prometheus_client import Counter, Gauge
 
-    SPOOLED = Counter("trajlake_producer_spooled_messages", "Messages spooled to disk while Kafka was unreachable")
+    SPOOLED = Counter(
+        "trajlake_producer_spooled_messages", "Messages spooled to disk while Kafka was unreachable"
+    )
     REDELIVERED = Counter("trajlake_producer_redelivered_messages", "Spooled messages delivered later")
     WAITING = Gauge("trajlake_producer_spool_waiting_messages", "Messages waiting in the disk spool")
 except ImportError:  # pragma: no cover - prometheus-client is in the kafka extra
@@ -53,11 +55,14 @@ class KafkaBus(Bus):
         self._acked = threading.Condition(self._lock)
         self._inflight_bytes = 0
         self._last_retry = 0.0
+        self._retry_delay = config.retry_interval_s
         self._outage_since: float | None = None
         self.on_assigned: PartitionCallback | None = None
         self.on_revoked: PartitionCallback | None = None
+        self.on_lost: PartitionCallback | None = None
         self.sent_total = 0
         self.chunked_total = 0
+        _redact_secrets_in_kafka_logs(config)
 
     def __repr__(self) -> str:
         return f"KafkaBus({self.config.bootstrap!r}, topic={self.topic!r})"
@@ -65,22 +70,27 @@ class KafkaBus(Bus):
     # -- producer ------------------------------------------------------------------------
     def _ensure_producer(self) -> Any:
         if self._producer is None:
-            from kafka import KafkaProducer
-
-            c = self.config
-            self._producer = KafkaProducer(
-                **c.client_kwargs(),
-                enable_idempotence=True,
-                acks="all",
-                compression_type=c.compression_type(),
-                linger_ms=c.linger_ms,
-                batch_size=c.batch_bytes,
-                max_request_size=c.max_message_bytes + 64 * 1024,
-                delivery_timeout_ms=int(c.delivery_timeout_s * 1000),
-                request_timeout_ms=min(30_000, int(c.delivery_timeout_s * 1000) - 1),
-                max_block_ms=int(c.max_block_s * 1000),
-            )
+            with _AuthFailureWatch(self.config):
+                self._producer = self._new_producer()
         return self._producer
+
+    def _new_producer(self) -> Any:
+        from kafka import KafkaProducer
+
+        c = self.config
+        return KafkaProducer(
+            **c.client_kwargs(),
+            enable_idempotence=True,
+            acks="all",
+            compression_type=c.compression_type(),
+            linger_ms=c.linger_ms,
+            batch_size=c.batch_bytes,
+            max_request_size=c.max_message_bytes + 64 * 1024,
+            delivery_timeout_ms=int(c.delivery_timeout_s * 1000),
+            request_timeout_ms=min(30_000, int(c.delivery_timeout_s * 1000) - c.linger_ms - 1),
+            max_block_ms=int(c.max_block_s * 1000),
+            bootstrap_timeout_ms=max(500, int(c.max_block_s * 1000)),  # unreachable: spool, retry later
+        )
 
     def _ensure_spool(self) -> Spool:
         if self._spool is None:
@@ -132,6 +142,7 @@ class KafkaBus(Bus):
                 headers=[(k, v.encode()) for k, v in message.headers.items()],
             )
         except KafkaError as err:  # no metadata within max_block_s: the broker is unreachable
+            _raise_if_misconfigured(err)
             self._release(len(message.value))
             self._spool_message(message, err)
             return
@@ -195,14 +206,15 @@ class KafkaBus(Bus):
         spool = self._spool
         if spool is None or not len(spool):
             return
-        now = time.monotonic()
-        if not force and now - self._last_retry < self.config.retry_interval_s:
+        if not force and time.monotonic() - self._last_retry < self._retry_delay:
             return
-        self._last_retry = now
-        self._drain_spool()
+        delivered = self._drain_spool()
+        self._last_retry = time.monotonic()
+        # back off while the broker stays away, so callers are rarely blocked by retries
+        self._retry_delay = self.config.retry_interval_s if delivered else min(self._retry_delay * 2, 30.0)
 
-    def _drain_spool(self) -> None:
-        """Deliver spooled messages in order, synchronously; stop at the first failure."""
+    def _drain_spool(self) -> bool:
+        """Deliver spooled messages in order, synchronously; stop at the first failure; True if all went."""
         from kafka.errors import KafkaError
 
         spool = self._spool
@@ -221,8 +233,9 @@ class KafkaBus(Bus):
                     for m, _ in batch
                 ]
                 producer.flush(timeout=self.config.delivery_timeout_s)
-            except KafkaError:
-                return
+            except KafkaError as err:
+                _raise_if_misconfigured(err)
+                return False
             delivered = []
             for (_, size), future in zip(batch, futures, strict=True):
                 if not future.succeeded():
@@ -234,7 +247,7 @@ class KafkaBus(Bus):
                 REDELIVERED.inc(len(delivered))
                 WAITING.set(len(spool))
             if len(delivered) < len(batch):
-                return
+                return False
         if self._outage_since is not None:
             log.warning(
                 "Kafka at %s reachable again; delivered %d spooled messages after %.1f s",
@@ -243,18 +256,31 @@ class KafkaBus(Bus):
                 time.monotonic() - self._outage_since,
             )
             self._outage_since = None
+        return True
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Block until every message is delivered (spooled ones included), or `timeout_s` passes."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        """Block until every message is delivered (spooled ones included), or `timeout_s` passes.
+
+        The default timeout is `delivery_timeout_s`; what is still undelivered then stays in
+        the disk spool (logged), for this producer's next call or the next producer to deliver.
+        """
+        timeout_s = self.config.delivery_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        self._ensure_spool()  # also adopts what a dead producer left on disk
         if self._producer is not None:
             self._producer.flush(timeout=timeout_s)
         while self._spool is not None and len(self._spool):
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "%d messages still undelivered after %.0f s; they stay in %s",
+                    len(self._spool),
+                    timeout_s,
+                    self._spool.directory,
+                )
                 return
             self._maybe_retry_spool(force=True)
             if len(self._spool):
-                time.sleep(self.config.retry_interval_s)
+                time.sleep(min(self.config.retry_interval_s, max(0.0, deadline - time.monotonic())))
 
     def spooled(self) -> int:
         """Messages waiting in the disk spool."""
@@ -372,6 +398,84 @@ class KafkaBus(Bus):
             self._spool = None
 
 
+class _Redact(logging.Filter):
+    """Masks secrets in log records (kafka-python logs SASL handshakes, password included, at DEBUG)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if any(secret in message for secret in self.secrets):
+            for secret in self.secrets:
+                message = message.replace(secret, "**********")
+            record.msg, record.args = message, None
+        return True
+
+
+_REDACT = _Redact()
+
+
+def _redact_secrets_in_kafka_logs(config: KafkaConfig) -> None:
+    import kafka  # noqa: F401 - its modules create their loggers on import
+
+    secrets = [s.get_secret_value() for s in (config.sasl_password, config.ssl_password) if s is not None]
+    if not secrets:
+        return
+    _REDACT.secrets.update(secrets)
+    for name in list(logging.root.manager.loggerDict):
+        if name == "kafka" or name.startswith("kafka."):
+            logger = logging.getLogger(name)
+            if _REDACT not in logger.filters:
+                logger.addFilter(_REDACT)
+
+
+class _AuthFailureWatch(logging.Handler):
+    """Turns a bootstrap that timed out because the broker refused our credentials into that error.
+
+    kafka-python retries a failed SASL handshake until its bootstrap timeout and then reports
+    only a timeout, which would look like an outage and be spooled for ever.
+    """
+
+    def __init__(self, config: KafkaConfig) -> None:
+        super().__init__(logging.WARNING)
+        self.config = config
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "SaslAuthenticationFailedError" in record.getMessage():
+            self.failed = True
+
+    def __enter__(self) -> _AuthFailureWatch:
+        logging.getLogger("kafka").addHandler(self)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        logging.getLogger("kafka").removeHandler(self)
+        if exc is not None and self.failed:
+            from kafka.errors import SaslAuthenticationFailedError
+
+            raise SaslAuthenticationFailedError(
+                f"the brokers at {self.config.bootstrap} refused SASL {self.config.sasl_mechanism} credentials "
+                f"of user {self.config.sasl_username!r}; check TRAJLAKE_KAFKA_SASL_USERNAME / TRAJLAKE_KAFKA_SASL_PASSWORD"
+            ) from None
+
+
+def _raise_if_misconfigured(err: Exception) -> None:
+    """A configuration or credentials error is the caller's to fix, not an outage to spool through."""
+    from kafka import errors
+
+    fatal = (
+        errors.KafkaConfigurationError,
+        errors.SaslAuthenticationFailedError,
+        errors.UnsupportedSaslMechanismError,
+        errors.AuthorizationError,
+    )
+    if isinstance(err, fatal):
+        raise err
+
+
 def _listener_base() -> type:
     from kafka import ConsumerRebalanceListener
 
@@ -389,6 +493,14 @@ class _Listener(_listener_base()):  # type: ignore[misc]
         log.info("partitions revoked: %s", parts)
         if parts and self.bus.on_revoked is not None:
             self.bus.on_revoked(parts)
+
+    def on_partitions_lost(self, lost: Any) -> None:
+        # evicted (e.g. stalled past the session timeout): others own these partitions now, so
+        # buffered work must be dropped, not committed
+        parts = sorted(tp.partition for tp in lost if tp.topic == self.bus.topic)
+        log.warning("partitions lost (this consumer was evicted from the group): %s", parts)
+        if parts and self.bus.on_lost is not None:
+            self.bus.on_lost(parts)
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         parts = sorted(tp.partition for tp in assigned if tp.topic == self.bus.topic)

@@ -33,7 +33,9 @@ TOOL_TIMED_OUT = taxonomy.Failure("timeout", *taxonomy.classify_tool_error("time
 class PolicyClient(Protocol):
     """What an episode needs from a policy: sampled ids, their logprobs, and the weights' version."""
 
-    def sample(self, context: list[int], max_new_tokens: int, stop_ids: tuple[int, ...]) -> tuple[list[int], list[float], int]:
+    def sample(
+        self, context: list[int], max_new_tokens: int, stop_ids: tuple[int, ...]
+    ) -> tuple[list[int], list[float], int]:
         """Sample after `context`; return (ids, logprobs, policy_version that sampled them)."""
         ...
 
@@ -69,8 +71,15 @@ class EpisodeResult:
 class Episode:
     """Runs one task with one policy and records it through a `TrajectoryRecorder`."""
 
-    def __init__(self, task: Task, policy: PolicyClient, traj: TrajectoryRecorder, config: EnvConfig,
-                 rng: random.Random, result: EpisodeResult) -> None:
+    def __init__(
+        self,
+        task: Task,
+        policy: PolicyClient,
+        traj: TrajectoryRecorder,
+        config: EnvConfig,
+        rng: random.Random,
+        result: EpisodeResult,
+    ) -> None:
         self.task, self.policy, self.traj, self.config, self.rng = task, policy, traj, config, rng
         self.runner: ToolRunner = make_runner(config, rng, traj)
         self.context: list[int] = list(task.prompt_ids)
@@ -154,7 +163,9 @@ class Episode:
 
     def _answer(self) -> EpisodeResult:
         if self.rng.random() < self.config.faults.verifier_error_rate:
-            self.traj.reward(None, verifier=VERIFIER, verifier_error="KeyError: 'expected' (verifier crashed)")
+            self.traj.reward(
+                None, verifier=VERIFIER, verifier_error="KeyError: 'expected' (verifier crashed)"
+            )
             return self._finish(taxonomy.VERIFIER_FAILED, "the verifier crashed; no valid reward")
         tool = self.last_tool
         submitted = None
@@ -166,7 +177,9 @@ class Episode:
             return self._finish(taxonomy.COMPLETED, None)
         if tool is not None and tool.truncated:
             return self._finish(TRUNCATED_ANSWER, "the answer was cut off by the tool output budget")
-        return self._finish(taxonomy.Failure("completed", taxonomy.MODEL, taxonomy.MODEL_CAPABILITY), "wrong answer")
+        return self._finish(
+            taxonomy.Failure("completed", taxonomy.MODEL, taxonomy.MODEL_CAPABILITY), "wrong answer"
+        )
 
     def _reward(self, components: dict[str, float]) -> None:
         self.result.reward = sum(components.values())
@@ -176,8 +189,14 @@ class Episode:
         if self.result.reward is None and failure.reward_valid:
             # a model failure is a valid, trainable reward (0, or the right-tool credit)
             self._reward(reward_components(self.task, None, self.used_right_tool))
-        self.traj.finish(failure.status, failure_origin=failure.origin, failure_label=failure.label, message=message)
-        self.result.status, self.result.failure_origin, self.result.failure_label = failure.status, failure.origin, failure.label
+        self.traj.finish(
+            failure.status, failure_origin=failure.origin, failure_label=failure.label, message=message
+        )
+        self.result.status, self.result.failure_origin, self.result.failure_label = (
+            failure.status,
+            failure.origin,
+            failure.label,
+        )
         return self.result
 
 
@@ -211,5 +230,9 @@ def run_episode(
             return Episode(task, policy, traj, config, rng, result).run()
     except HarnessBug:
         failure = taxonomy.HARNESS_FAILED
-        result.status, result.failure_origin, result.failure_label = failure.status, failure.origin, failure.label
+        result.status, result.failure_origin, result.failure_label = (
+            failure.status,
+            failure.origin,
+            failure.label,
+        )
         return result

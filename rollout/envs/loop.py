@@ -59,12 +59,16 @@ class LocalPolicyClient:
         self.policy.load_snapshot(store.latest())
         self.generator = torch.Generator().manual_seed(seed)
 
-    def sample(self, context: list[int], max_new_tokens: int, stop_ids: tuple[int, ...]) -> tuple[list[int], list[float], int]:
+    def sample(
+        self, context: list[int], max_new_tokens: int, stop_ids: tuple[int, ...]
+    ) -> tuple[list[int], list[float], int]:
         """Sample with the newest weights; return (ids, logprobs, their policy version)."""
         latest = self.store.latest()
         if int(latest["version"]) != self.policy.version:
             self.policy.load_snapshot(latest)
-        ids, logprobs = self.policy.generate(context, max_new_tokens, self.temperature, stop_ids, self.generator)
+        ids, logprobs = self.policy.generate(
+            context, max_new_tokens, self.temperature, stop_ids, self.generator
+        )
         return ids, logprobs, self.policy.version
 
 
@@ -76,7 +80,9 @@ class TaskFeed:
     trainer step (beyond that, workers wait for the trainer like for any other group).
     """
 
-    def __init__(self, groups: Iterator[tuple[Task, str]], max_ahead: int, max_idle: int | None = None) -> None:
+    def __init__(
+        self, groups: Iterator[tuple[Task, str]], max_ahead: int, max_idle: int | None = None
+    ) -> None:
         self._groups = groups
         self._cond = threading.Condition()
         self.allowance = max_ahead
@@ -123,7 +129,14 @@ class TaskFeed:
 
 
 def play_group(
-    recorder: Recorder, task: Task, group_id: str, samples: int, client: Any, config: EnvConfig, rng: random.Random, model: str
+    recorder: Recorder,
+    task: Task,
+    group_id: str,
+    samples: int,
+    client: Any,
+    config: EnvConfig,
+    rng: random.Random,
+    model: str,
 ) -> list[EpisodeResult]:
     """Play `samples` episodes of one task (one GRPO prompt group)."""
     return [
@@ -151,8 +164,14 @@ class RolloutThreads:
         self._threads = [
             threading.Thread(
                 target=self._work,
-                args=(make_recorder(i), LocalPolicyClient(store, seed * 1000 + i, config.temperature), config,
-                      samples_per_group, random.Random(seed * 1000 + i), model),
+                args=(
+                    make_recorder(i),
+                    LocalPolicyClient(store, seed * 1000 + i, config.temperature),
+                    config,
+                    samples_per_group,
+                    random.Random(seed * 1000 + i),
+                    model,
+                ),
                 name=f"rollout-{i}",
                 daemon=True,
             )
@@ -164,12 +183,21 @@ class RolloutThreads:
         for thread in self._threads:
             thread.start()
 
-    def _work(self, recorder: Recorder, client: LocalPolicyClient, config: EnvConfig, samples: int,
-              rng: random.Random, model: str) -> None:
+    def _work(
+        self,
+        recorder: Recorder,
+        client: LocalPolicyClient,
+        config: EnvConfig,
+        samples: int,
+        rng: random.Random,
+        model: str,
+    ) -> None:
         try:
             while (group := self.feed.next_group()) is not None:
                 task, group_id = group
-                self.feed.add_results(play_group(recorder, task, group_id, samples, client, config, rng, model))
+                self.feed.add_results(
+                    play_group(recorder, task, group_id, samples, client, config, rng, model)
+                )
         except BaseException as err:  # surfaced by `join`, so the demo fails loudly rather than hanging
             self.errors.append(err)
             self.feed.stop()

@@ -10,6 +10,7 @@ publish the events the tasks hand back.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -73,7 +74,9 @@ class BoardPolicyClient:
         if version != policy.version:
             policy.load_snapshot(ray.get(ref[0]))
 
-    def sample(self, context: list[int], max_new_tokens: int, stop_ids: tuple[int, ...]) -> tuple[list[int], list[float], int]:
+    def sample(
+        self, context: list[int], max_new_tokens: int, stop_ids: tuple[int, ...]
+    ) -> tuple[list[int], list[float], int]:
         """Sample with the newest weights the board announced; return (ids, logprobs, version)."""
         self._refresh()
         policy = BoardPolicyClient._policy
@@ -86,7 +89,9 @@ def demo_agent(traj: TrajectoryRecorder, task: AgentTask) -> None:
     p = task.payload
     env = EnvConfig.model_validate(p["env"])
     client = BoardPolicyClient(p["board"], p["seed"], env.temperature)
-    demo_task = Task(task.task_id, p["kind"], tuple(p["operands"]), tuple(p["prompt_ids"]), tuple(p["answer"]))
+    demo_task = Task(
+        task.task_id, p["kind"], tuple(p["operands"]), tuple(p["prompt_ids"]), tuple(p["answer"])
+    )
     result = EpisodeResult(traj.trajectory_id, task.task_id, task.group_id or task.task_id)
     Episode(demo_task, client, traj, env, random.Random(p["seed"]), result).run()
 
@@ -126,10 +131,12 @@ class RolloutActors:
         from trajlake.rollout.workers import AgentPool
 
         if not ray.is_initialized():
-            ray.init(num_cpus=n_workers, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            ray.init(
+                num_cpus=n_workers, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+            )
         self.ray = ray
         self.pool = AgentPool(WorkerConfig(type="ray", num_cpus=n_workers))
-        self.board = ray.remote(num_cpus=0)(PolicyBoard).remote()
+        self.board: Any = ray.remote(num_cpus=0)(PolicyBoard).remote()
         self.feed, self.recorder, self.store, self.config = feed, recorder, store, config
         self.samples, self.seed = samples_per_group, seed
         self.errors: list[BaseException] = []
@@ -170,7 +177,10 @@ class RolloutActors:
         try:
             while (group := self.feed.next_group()) is not None:
                 task, group_id = group
-                tasks = [self._agent_task(task, group_id, i, env, rng.randrange(2**31)) for i in range(self.samples)]
+                tasks = [
+                    self._agent_task(task, group_id, i, env, rng.randrange(2**31))
+                    for i in range(self.samples)
+                ]
                 collector = _Collector(self.recorder)
                 outcomes = self.pool.run(demo_agent, tasks, collector.recorder)
                 self.crashed += sum(o.crashed for o in outcomes)
@@ -208,7 +218,9 @@ class _Collector:
         from trajlake.rollout.workers import CollectingBus
 
         self.bus = CollectingBus()
-        self.recorder = Recorder(self.bus, recorder.run_id, vocab_size=recorder.vocab_size, producer_id=recorder.producer_id)
+        self.recorder = Recorder(
+            self.bus, recorder.run_id, vocab_size=recorder.vocab_size, producer_id=recorder.producer_id
+        )
 
     @property
     def events(self) -> list[dict[str, Any]]:

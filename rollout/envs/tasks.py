@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from trajlake.rollout.envs import vocab
+from trajlake.rollout.envs.config import EnvConfig
 
 TASK_KINDS = ("calc", "reverse", "count")
 TOOL_FOR_KIND = {"calc": "calc", "reverse": "python", "count": "python"}
@@ -51,23 +52,35 @@ def solve(kind: str, operands: tuple[str, ...]) -> tuple[str, ...]:
     raise ValueError(f"unknown task kind {kind!r}; known kinds: {TASK_KINDS}")
 
 
-def make_task(index: int, rng: random.Random, max_string_len: int = 7) -> Task:
+def _letters(rng: random.Random, config: EnvConfig) -> tuple[str, ...]:
+    """A string that fits the tool output budget, or (at `long_output_rate`) one letter longer."""
+    budget = config.max_tool_output_tokens
+    length = budget + 1 if rng.random() < config.faults.long_output_rate else rng.randint(2, budget)
+    return tuple(rng.choice(vocab.LETTERS) for _ in range(length))
+
+
+def make_task(index: int, rng: random.Random, config: EnvConfig | None = None) -> Task:
     """Draw task number `index`: kinds rotate, operands come from `rng`."""
+    config = config or EnvConfig()
     kind = TASK_KINDS[index % len(TASK_KINDS)]
     if kind == "calc":
-        operands: tuple[str, ...] = (str(rng.randint(0, 9)), rng.choice(vocab.OPERATORS), str(rng.randint(0, 9)))
+        operands: tuple[str, ...] = (
+            str(rng.randint(0, 9)),
+            rng.choice(vocab.OPERATORS),
+            str(rng.randint(0, 9)),
+        )
     elif kind == "reverse":
-        operands = tuple(rng.choice(vocab.LETTERS) for _ in range(rng.randint(2, max_string_len)))
+        operands = _letters(rng, config)
     else:
-        operands = (rng.choice(vocab.LETTERS), "in", *(rng.choice(vocab.LETTERS) for _ in range(rng.randint(2, max_string_len))))
+        operands = (rng.choice(vocab.LETTERS), "in", *_letters(rng, config))
     prompt = (vocab.BOS, *vocab.encode((kind, *operands)))
     return Task(f"{kind}-{index:05d}", kind, operands, prompt, solve(kind, operands))
 
 
-def make_tasks(n: int, seed: int = 0, max_string_len: int = 7) -> list[Task]:
+def make_tasks(n: int, seed: int = 0, config: EnvConfig | None = None) -> list[Task]:
     """`n` tasks, reproducible from `seed`."""
     rng = random.Random(seed)
-    return [make_task(i, rng, max_string_len) for i in range(n)]
+    return [make_task(i, rng, config) for i in range(n)]
 
 
 RIGHT_TOOL_CREDIT = 0.1
@@ -82,7 +95,9 @@ def verify(task: Task, submitted: tuple[str, ...] | None) -> float:
     return 1.0 if submitted is not None and tuple(submitted) == task.answer else 0.0
 
 
-def reward_components(task: Task, submitted: tuple[str, ...] | None, used_right_tool: bool) -> dict[str, float]:
+def reward_components(
+    task: Task, submitted: tuple[str, ...] | None, used_right_tool: bool
+) -> dict[str, float]:
     """The reward's parts: `correct` (exact match) and `right_tool` (partial credit when not correct)."""
     correct = verify(task, submitted)
     return {"correct": correct, "right_tool": RIGHT_TOOL_CREDIT if used_right_tool and not correct else 0.0}

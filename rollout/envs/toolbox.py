@@ -22,10 +22,10 @@ from trajlake.rollout.envs.tasks import Task, solve
 from trajlake.rollout.errors import SandboxError
 from trajlake.rollout.tools import Tool, ToolRunner
 
-TOOL_TIMEOUT_S = 0.05
+TOOL_TIMEOUT_S = 0.2
 """Timeout of one tool call in the demo; an injected hang outlasts it."""
 
-_HANG_S = 4 * TOOL_TIMEOUT_S
+_HANG_S = 3 * TOOL_TIMEOUT_S
 
 
 def encode_text(text: str) -> list[int]:
@@ -79,7 +79,13 @@ def make_tools(config: EnvConfig, rng: random.Random, lock: threading.Lock | Non
 
     return [
         Tool("calc", calc, timeout_s=TOOL_TIMEOUT_S, description="evaluate an arithmetic expression"),
-        Tool("python", python, is_code_execution=True, timeout_s=TOOL_TIMEOUT_S, description="run a string program"),
+        Tool(
+            "python",
+            python,
+            is_code_execution=True,
+            timeout_s=TOOL_TIMEOUT_S,
+            description="run a string program",
+        ),
     ]
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
+
 from trajlake.dashboards.app import PAGES
 
 APP = Path(__file__).parents[2] / "dashboards" / "app.py"

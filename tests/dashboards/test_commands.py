@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
+
 from trajlake.cli import build_parser, main
 from trajlake.dashboards import metrics
 from trajlake.dashboards.commands import streamlit_command

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from trajlake.dashboards.app import PAGES
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from trajlake.dashboards import metrics
+from trajlake.dashboards.passk import pass_at_k
 from trajlake.ingest import codec
 from trajlake.ingest.bus.base import Message
 from trajlake.ingest.bus.inprocess import InProcessBus
@@ -32,18 +34,21 @@ def test_version_range_limits_every_figure_to_those_versions(dash_lake):
     )
 
 
-def test_pass_at_k_curve_is_monotone_and_starts_at_pass_at_1(dash_lake):
+def test_pass_at_k_curve_averages_each_k_over_tasks_with_at_least_k_samples(dash_lake):
     curve = metrics.pass_at_k_curve(dash_lake, RUN).to_pylist()
     assert [r["k"] for r in curve] == list(range(1, 17))
-    values = [r["pass_at_k"] for r in curve]
-    assert values == sorted(values)
-    outcomes = metrics.task_outcomes(dash_lake, RUN).to_pylist()
-    per_task: dict[str, list[int]] = {}
-    for r in outcomes:
-        per_task.setdefault(r["task_id"], [0, 0])
-        per_task[r["task_id"]][0] += r["n"]
-        per_task[r["task_id"]][1] += r["c"]
-    assert values[0] == pytest.approx(sum(c / n for n, c in per_task.values()) / len(per_task))
+    per_task = dash_lake.sql(
+        f"""select task_id, count(*) as n, count(*) filter (where reward >= 1) as c from trajectories
+            where run_id = '{RUN}' and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
+            group by 1"""
+    ).to_pylist()
+    for row in curve:
+        tasks = [(t["n"], t["c"]) for t in per_task if t["n"] >= row["k"]]
+        assert row["n_tasks"] == len(tasks)
+        assert row["pass_at_k"] == pytest.approx(
+            sum(pass_at_k(n, c, row["k"]) for n, c in tasks) / len(tasks)
+        )
+    assert curve[0]["pass_at_k"] == pytest.approx(sum(t["c"] / t["n"] for t in per_task) / len(per_task))
 
 
 def test_system_failures_are_never_scored_as_reward_zero(dash_lake):

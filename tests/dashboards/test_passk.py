@@ -1,9 +1,11 @@
+import itertools
 from fractions import Fraction
 from math import comb
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from trajlake.dashboards.passk import mean_pass_at_k, pass_at_k
 
 
@@ -52,3 +54,10 @@ def test_mean_pass_at_k_averages_over_tasks_that_have_k_samples():
         {"k": 2, "pass_at_k": (0.5 + 0.0) / 2, "n_tasks": 2},
         {"k": 3, "pass_at_k": 0.75, "n_tasks": 1},
     ]
+
+
+@given(st.lists(st.tuples(st.integers(16, 40), st.integers(0, 40)), min_size=1, max_size=20))
+def test_mean_pass_at_k_rises_with_k_over_a_fixed_set_of_tasks(tasks):
+    tasks = [(n, min(c, n)) for n, c in tasks]
+    values = [r["pass_at_k"] for r in mean_pass_at_k(tasks)]
+    assert all(a <= b + 1e-12 for a, b in itertools.pairwise(values))

@@ -45,12 +45,14 @@ def test_bad_events_go_to_dead_letters_and_good_ones_are_stored(lake, bus, drain
     raw = by_traj["bad4"]["raw"]  # the raw bytes hold the event as it came, readable again
     table, _ = codec.decode(raw, {"content-type": by_traj["bad4"]["content_type"]})
     assert table.column("output_token_ids").to_pylist() == [[-5, 1]]
-    assert all(d["source"].startswith("trajlake-events/") for d in dead)
+    assert all(d["source"].startswith(f"{bus.topic}/") for d in dead)
 
 
 def test_an_unreadable_message_is_kept_whole(lake, bus, drain) -> None:
     bus.send(Message(key="k", value=b"\x00garbage", headers={"content-type": codec.ARROW_CONTENT_TYPE}))
-    bus.send(Message(key="k", value=b'{"event_type": "turn"', headers={"content-type": codec.JSON_CONTENT_TYPE}))
+    bus.send(
+        Message(key="k", value=b'{"event_type": "turn"', headers={"content-type": codec.JSON_CONTENT_TYPE})
+    )
     bus.send(Message(key="k", value=codec.encode_json([started_event(trajectory_id="j")]),
                      headers={"content-type": codec.JSON_CONTENT_TYPE}))  # fmt: skip
     drain()
@@ -64,7 +66,11 @@ def test_an_unreadable_message_is_kept_whole(lake, bus, drain) -> None:
 def test_a_json_event_missing_fields_is_rejected_alone(lake, bus, drain) -> None:
     ok = started_event(trajectory_id="ok")
     broken = {"event_type": "turn", "run_id": "r", "trajectory_id": "x", "seq": 1, "output_token_ids": "oops"}
-    bus.send(Message(key="x", value=codec.encode_json([ok, broken]), headers={"content-type": codec.JSON_CONTENT_TYPE}))
+    bus.send(
+        Message(
+            key="x", value=codec.encode_json([ok, broken]), headers={"content-type": codec.JSON_CONTENT_TYPE}
+        )
+    )
     drain()
     assert lake.sql("select count(*) from events").column(0)[0].as_py() == 1
     (reason,) = lake.sql("select reason from dead_letters").column(0).to_pylist()

@@ -26,7 +26,9 @@ def counts(lake: Lake) -> tuple[int, int]:
 def produce(kafka_topic: KafkaConfig, trajectories: int, run_id: str = "run") -> int:
     bus = KafkaBus(kafka_topic)
     try:
-        produced = generate(bus, LoadgenConfig(trajectories=trajectories, run_id=run_id, prompt_tokens=8, output_tokens=8))
+        produced = generate(
+            bus, LoadgenConfig(trajectories=trajectories, run_id=run_id, prompt_tokens=8, output_tokens=8)
+        )
     finally:
         bus.close()
     return produced.events
@@ -49,12 +51,23 @@ def test_four_producers_and_two_sinks_store_100k_events_once(
     lake_dir = tmp_path / "lake"
     kafka = ("--kafka", kafka_topic.bootstrap, "--topic", kafka_topic.topic)
     sinks = [
-        trajlake_cli("ingest", *kafka, "--group", kafka_topic.group_id, "--lake", str(lake_dir), "--until-idle", "8")
+        trajlake_cli(
+            "ingest", *kafka, "--group", kafka_topic.group_id, "--lake", str(lake_dir), "--until-idle", "8"
+        )
         for _ in range(2)
     ]
     producers = [
         trajlake_cli(
-            "loadgen", *kafka, "--json", "--run-id", f"p{i}", "--seed", str(i), "--trajectories", "1530", *SMALL
+            "loadgen",
+            *kafka,
+            "--json",
+            "--run-id",
+            f"p{i}",
+            "--seed",
+            str(i),
+            "--trajectories",
+            "1530",
+            *SMALL,
         )
         for i in range(4)
     ]

@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+
 from trajlake.cli import main
 from trajlake.rollout import taxonomy
 from trajlake.rollout.config import ToolRunnerConfig

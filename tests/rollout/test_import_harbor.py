@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from trajlake.rollout.importers.harbor import import_harbor
 
 P1 = [151644, 8948, 198, 2610, 525]  # the first prompt

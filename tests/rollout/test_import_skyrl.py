@@ -9,6 +9,7 @@ import types
 from dataclasses import dataclass
 
 import pytest
+
 from trajlake.rollout.importers.skyrl import import_skyrl, split_response
 
 PROMPT_A = [151644, 872, 198, 3838, 374]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trajlake.rollout.config import JudgeConfig, RetryConfig
 from trajlake.rollout.errors import JudgeError
 from trajlake.rollout.judge import Judge

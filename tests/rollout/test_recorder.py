@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from trajlake.rollout.recorder import Recorder, RecorderError
 
 from tests.helpers import trajlake
+from trajlake.rollout.recorder import Recorder, RecorderError
 
 
 def record_three(recorder: Recorder) -> None:

@@ -13,6 +13,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+
 from trajlake.rollout.config import SandboxConfig
 from trajlake.rollout.errors import SandboxTimeout
 from trajlake.rollout.sandbox import setup_sandbox

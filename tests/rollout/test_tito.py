@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from trajlake.rollout.config import RetryConfig, TitoConfig
 from trajlake.rollout.errors import Cancelled, InferenceError, InferenceResponseError
 from trajlake.rollout.tito import ContextLengthExceeded, TitoClient, parse_choice

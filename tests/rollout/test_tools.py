@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+
 from trajlake.rollout import taxonomy
 from trajlake.rollout.config import SandboxConfig, ToolRunnerConfig
 from trajlake.rollout.sandbox import sandbox_tool

@@ -6,6 +6,7 @@ import ctypes
 import os
 
 import pytest
+
 from trajlake.rollout.config import WorkerConfig
 from trajlake.rollout.recorder import Recorder
 from trajlake.rollout.workers import AgentPool, AgentTask

@@ -44,7 +44,9 @@ def test_non_finite_or_positive_logprobs_are_rejected(bad: float, pos: int) -> N
 @given(token=st.integers(-(2**31), 2**31 - 1))
 @settings(max_examples=60, deadline=None)
 def test_token_ids_must_be_below_the_vocab_and_non_negative(token: int) -> None:
-    reasons = reasons_of(turn_event(output_token_ids=[token], output_logprobs=[-0.1], loss_mask=[True], vocab_size=100))
+    reasons = reasons_of(
+        turn_event(output_token_ids=[token], output_logprobs=[-0.1], loss_mask=[True], vocab_size=100)
+    )
     assert (reasons == []) == (0 <= token < 100)
     if token < 0:
         assert "must be >= 0" in reasons[0]
@@ -112,5 +114,7 @@ def test_schemas_import_no_heavy_library() -> None:
         "heavy = [m for m in ('torch', 'duckdb', 'ray', 'streamlit', 'deltalake') if m in sys.modules];"
         "print(','.join(heavy))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == ""

@@ -99,7 +99,9 @@ RACE = textwrap.dedent(
 def test_processes_racing_for_the_same_ids_never_share_one(catalog_url):
     Catalog(catalog_url).close()
     procs = [
-        subprocess.Popen([sys.executable, "-c", RACE, catalog_url, f"rank{r}"], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", RACE, catalog_url, f"rank{r}"], stdout=subprocess.PIPE, text=True
+        )
         for r in range(4)
     ]
     results = []

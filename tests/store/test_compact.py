@@ -9,15 +9,22 @@ from trajlake.store.lake import Lake
 def test_compact_merges_files_and_keeps_every_row(tmp_path) -> None:
     root = str(tmp_path / "lake")
     for seed in range(3):
-        trajlake("loadgen", "--lake", root, "--trajectories", "30", "--seed", str(seed), "--run-id", f"r{seed}")
+        trajlake(
+            "loadgen", "--lake", root, "--trajectories", "30", "--seed", str(seed), "--run-id", f"r{seed}"
+        )
     lake = Lake(root)
-    before = {t: lake.sql(f"select count(*) from {t}").column(0)[0].as_py() for t in ("events", "trajectories", "turns")}
+    before = {
+        t: lake.sql(f"select count(*) from {t}").column(0)[0].as_py()
+        for t in ("events", "trajectories", "turns")
+    }
     tokens = lake.sql("select sum(len(token_ids)) from trajectories").column(0)[0].as_py()
     files_before = len(lake.files("events"))
-    size_before = sum((tmp_path / "lake" / "events" / f.rsplit("/", 1)[1]).stat().st_size for f in lake.files("events"))
+    size_before = sum(
+        (tmp_path / "lake" / "events" / f.rsplit("/", 1)[1]).stat().st_size for f in lake.files("events")
+    )
     lake.close()
     out = trajlake("compact", "--lake", root, "--retention-hours", "0", "--allow-short-retention")
-    assert "events: 3 files merged into 1" in out.stdout
+    assert f"events: {files_before} files merged into 1" in out.stdout
     lake = Lake(root)
     assert len(lake.files("events")) == 1 < files_before
     after = {t: lake.sql(f"select count(*) from {t}").column(0)[0].as_py() for t in before}

@@ -25,7 +25,9 @@ SORT = {
 
 
 def snapshot(lake: Lake) -> dict[str, pa.Table]:
-    return {name: lake.read(name).sort_by([(k, "ascending") for k in SORT[name]]) for name in PROJECTION_TABLES}
+    return {
+        name: lake.read(name).sort_by([(k, "ascending") for k in SORT[name]]) for name in PROJECTION_TABLES
+    }
 
 
 def test_rebuild_after_deleting_projections_gives_identical_rows(tmp_path) -> None:
@@ -73,7 +75,9 @@ def test_trajectories_spread_over_many_commits_project_like_a_rebuild(lake) -> N
 def test_a_crash_between_events_and_projections_is_repaired_on_restart(lake) -> None:
     bus = InProcessBus()
     generate(bus, LoadgenConfig(trajectories=20, seed=3))
-    crashed = DeltaSink(lake, bus, SinkConfig(update_projections=False))  # commits events, dies before projecting
+    crashed = DeltaSink(
+        lake, bus, SinkConfig(update_projections=False)
+    )  # commits events, dies before projecting
     crashed.run(until_idle_s=0)
     assert lake.read("trajectories").num_rows == 0
     DeltaSink(lake, InProcessBus())  # a restarted sink catches up from the position in the Delta log

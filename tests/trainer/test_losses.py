@@ -62,7 +62,13 @@ def test_ppo_clipped_tokens_get_no_gradient():
 @pytest.mark.parametrize(
     ("p_new", "adv", "masked"),
     [(0.8, 1.0, True), (0.8, -1.0, False), (0.6, 1.0, False), (0.2, -1.0, True), (0.2, 1.0, False)],
-    ids=["up-by-0.3-pushed-up", "up-against-push", "up-by-0.1-within", "down-by-0.3-pushed-down", "down-against"],
+    ids=[
+        "up-by-0.3-pushed-up",
+        "up-against-push",
+        "up-by-0.1-within",
+        "down-by-0.3-pushed-down",
+        "down-against",
+    ],
 )
 def test_dppo_binary_tv_mask(p_new, adv, masked):
     rollout = t([[math.log(0.5)]])
@@ -163,7 +169,5 @@ def test_unknown_aggregation_names_the_modes():
 def test_micro_batches_weighted_by_sequence_weights_sum_to_the_whole_batch_loss(mode):
     counts = MASK.sum(dim=1)
     weights = L.sequence_weights(counts, PROMPTS, mode)
-    parts = [
-        (LOSS[rows] * MASK[rows] * weights[rows].unsqueeze(1).float()).sum() for rows in ([0], [1, 2])
-    ]
+    parts = [(LOSS[rows] * MASK[rows] * weights[rows].unsqueeze(1).float()).sum() for rows in ([0], [1, 2])]
     assert sum(parts).item() == pytest.approx(L.aggregate_loss(LOSS, MASK, PROMPTS, mode).item())

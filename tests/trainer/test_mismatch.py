@@ -46,5 +46,40 @@ def test_tiny_policy_samples_are_healthy_and_a_changed_policy_is_not():
 def test_record_mismatch_writes_a_trainer_steps_row(lake):
     result = logprob_mismatch(torch.zeros(1, 2), torch.full((1, 2), -0.5), torch.ones(1, 2, dtype=torch.bool))
     record_mismatch(lake, "run-m", step=3, trainer_version=4, result=result, rank=1)
-    row = lake.sql("select step, trainer_version, rank, mismatch, mismatch_healthy, n_tokens from trainer_steps").to_pylist()
-    assert row == [{"step": 3, "trainer_version": 4, "rank": 1, "mismatch": 0.5, "mismatch_healthy": False, "n_tokens": 2}]
+    row = lake.sql(
+        "select step, trainer_version, rank, mismatch, mismatch_healthy, n_tokens from trainer_steps"
+    ).to_pylist()
+    assert row == [
+        {
+            "step": 3,
+            "trainer_version": 4,
+            "rank": 1,
+            "mismatch": 0.5,
+            "mismatch_healthy": False,
+            "n_tokens": 2,
+        }
+    ]
+
+
+def test_only_samples_from_the_current_weights_measure_the_mismatch():
+    """A stale sample's logprobs differ by the policy's own drift, not by a numerics mismatch."""
+    import numpy as np
+
+    from trajlake.trainer.batch import Batch, TrajectorySample, pack_micro_batches
+    from trajlake.trainer.config import TrainerConfig
+    from trajlake.trainer.step import policy_step
+
+    ids = np.arange(8, dtype=np.int32) % 5
+    mask = np.arange(8) >= 2
+    stale = TrajectorySample("t0", "g0", None, 1.0, 0, 2, ids, -np.ones(8, np.float32) * mask, mask)
+    fresh_policy = TinyPolicy(5, d_model=8)
+    exact = fresh_policy.token_logprobs(torch.tensor(ids, dtype=torch.long).unsqueeze(0))[0].detach().numpy()
+    fresh = TrajectorySample("t1", "g0", None, 0.0, 2, 0, ids, (exact * mask).astype(np.float32), mask)
+    config = TrainerConfig(policy_loss="ppo")
+    only_stale = policy_step(
+        TinyPolicy(5, d_model=8), None, Batch("r", 0, 2, [stale], pack_micro_batches([8], 100)), config
+    )
+    assert only_stale["mismatch"] is None and only_stale["mismatch_healthy"] is None
+    both = Batch("r", 0, 2, [stale, fresh], pack_micro_batches([8, 8], 100))
+    measured = policy_step(TinyPolicy(5, d_model=8), None, both, config)
+    assert measured["mismatch"] < 1e-4 and measured["mismatch_healthy"]

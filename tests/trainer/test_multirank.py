@@ -49,7 +49,9 @@ def catalog_url(request, lake) -> str:
 
 
 @pytest.mark.slow
-def test_three_ranks_share_a_run_without_overlap_and_recover_a_killed_ranks_leases(lake, bus, drain, catalog_url, tmp_path):
+def test_three_ranks_share_a_run_without_overlap_and_recover_a_killed_ranks_leases(
+    lake, bus, drain, catalog_url, tmp_path
+):
     generate(bus, LoadgenConfig(
         run_id=RUN, trajectories=96, group_size=4, policy_versions=8, turns=2, prompt_tokens=24,
         output_tokens=12, env_tokens=6, vocab_size=512, system_failure_rate=0.1, seed=3,
@@ -58,7 +60,9 @@ def test_three_ranks_share_a_run_without_overlap_and_recover_a_killed_ranks_leas
     Catalog(catalog_url).close()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
-    doomed = subprocess.Popen([sys.executable, "-c", DOOMED, lake.root, catalog_url], stdout=subprocess.PIPE, text=True, env=env)
+    doomed = subprocess.Popen(
+        [sys.executable, "-c", DOOMED, lake.root, catalog_url], stdout=subprocess.PIPE, text=True, env=env
+    )
     stolen = json.loads(doomed.stdout.readline())
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait()
@@ -70,10 +74,30 @@ def test_three_ranks_share_a_run_without_overlap_and_recover_a_killed_ranks_leas
     })  # fmt: skip
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-m", "trajlake.trainer.reference", "--lake", lake.root, "--run", RUN, "--steps", "100",
-             "--rank", str(r), "--catalog", catalog_url, "--config", trainer_config, "--wait", "8"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "trajlake.trainer.reference",
+                "--lake",
+                lake.root,
+                "--run",
+                RUN,
+                "--steps",
+                "100",
+                "--rank",
+                str(r),
+                "--catalog",
+                catalog_url,
+                "--config",
+                trainer_config,
+                "--wait",
+                "8",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for r in range(3)
     ]
     steps_per_rank = []

@@ -97,3 +97,17 @@ def test_logprobs_and_entropy_in_one_pass_match_the_separate_calls():
     lps, ent = policy.logprobs_and_entropy(ids, mask)
     assert torch.allclose(lps, policy.token_logprobs(ids, mask))
     assert torch.allclose(ent, policy.entropy(ids, mask))
+
+
+def test_logprobs_only_at_requested_positions_match_the_full_computation():
+    policy = TinyPolicy(16, seed=0)
+    ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]])
+    attn = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    want = torch.tensor([[0, 0, 1, 1, 0], [0, 1, 0, 1, 1]], dtype=torch.bool)
+    lps, ent = policy.logprobs_and_entropy(ids, attn, positions=want)
+    full_lps, full_ent = policy.token_logprobs(ids, attn), policy.entropy(ids, attn)
+    keep = want & attn.bool()
+    assert torch.allclose(lps[keep], full_lps[keep], atol=1e-6)
+    assert torch.allclose(ent[keep], full_ent[keep], atol=1e-6)
+    assert (lps[~keep] == 0).all() and (ent[~keep] == 0).all()
+    assert full_lps.shape == full_ent.shape == lps.shape

@@ -52,10 +52,14 @@ def test_trains_from_the_lake_and_records_every_step(lake, bus, drain, config):
     assert first["mismatch"] < 1e-4 and first["mismatch_healthy"]  # the data came from these weights
     assert first["n_trajectories"] == 8 and first["grad_norm"] > 0
     catch_up(lake)
-    steps = lake.sql("select step, trainer_version, loss, mismatch, staleness_max from trainer_steps order by step")
+    steps = lake.sql(
+        "select step, trainer_version, loss, mismatch, staleness_max from trainer_steps order by step"
+    )
     assert steps.column("trainer_version").to_pylist() == [1, 2]
     assert steps.column("staleness_max").to_pylist() == [0, 1]
-    used = lake.sql("select count(distinct trajectory_id) n, count(*) c from batch_consumption").to_pylist()[0]
+    used = lake.sql("select count(distinct trajectory_id) n, count(*) c from batch_consumption").to_pylist()[
+        0
+    ]
     assert used == {"n": 16, "c": 16}
     versions = lake.sql("select policy_version, checkpoint from policy_versions order by 1").to_pylist()
     assert [v["policy_version"] for v in versions] == [1, 2]
@@ -88,7 +92,9 @@ def test_repeated_steps_raise_the_likelihood_of_rewarded_samples(lake, bus, drai
     def rewarded_logprob():
         mb = batch.tensors(good)
         with torch.no_grad():
-            return float((trainer.policy.token_logprobs(mb.input_ids, mb.attention_mask) * mb.loss_mask).sum())
+            return float(
+                (trainer.policy.token_logprobs(mb.input_ids, mb.attention_mask) * mb.loss_mask).sum()
+            )
 
     before = rewarded_logprob()
     for _ in range(3):
@@ -104,3 +110,33 @@ def test_main_trains_and_prints_json_lines(lake, bus, drain, capsys, tmp_path):
     assert main(["--lake", lake.root, "--run", "run-r", "--steps", "2", "--config", extra]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["trainer_version"] for line in lines] == [1, 2]
+
+
+def test_trajlake_train_command_runs_the_reference_trainer(lake, bus, drain, capsys, tmp_path):
+    from trajlake.cli import main as cli
+
+    rollouts(bus)
+    drain()
+    extra = json.dumps({"checkpoint_dir": str(tmp_path / "c")})
+    assert cli(["train", "--lake", lake.root, "--run", "run-r", "--steps", "1", "--config", extra]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["trainer_version"] == 1
+    assert cli(["train", "--lake", lake.root, "--run", "run-r", "--config", '{"policy_loss": "nope"}']) == 2
+    assert "policy_loss must be one of" in capsys.readouterr().err
+
+
+def test_gpu_smoke_script_says_what_it_needs_without_a_gpu():
+    import subprocess
+    import sys
+
+    from trajlake.trainer.megatron import megatron_available
+
+    if megatron_available() is None:
+        pytest.skip("a GPU is present: the smoke script runs for real there")
+    proc = subprocess.run(
+        [sys.executable, "scripts/gpu_smoke_megatron.py", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "CUDA GPU" in proc.stderr or "megatron-core" in proc.stderr

@@ -53,7 +53,7 @@ def test_whole_groups_oldest_first_up_to_groups_per_batch(lake, catalog, make_ru
 
 
 def test_system_failures_are_excluded_and_counted(lake, catalog, make_run, pair, spec):
-    make_run(pair("a") + [spec("a", reward=None, status="error", origin="system")])
+    make_run([*pair("a"), spec("a", reward=None, status="error", origin="system")])
     batch = sampler(lake, catalog).next_batch(0, 0)
     assert len(batch.samples) == 2
     assert batch.stats.system_failures == 1
@@ -72,7 +72,9 @@ def test_zero_variance_groups(lake, catalog, make_run, drop, pair):
     [(3600, "use", {"done"}), (0, "use", {"done", "partial"}), (0, "drop", {"done"})],
     ids=["waiting", "use-after-wait", "drop-after-wait"],
 )
-def test_incomplete_groups_wait_then_follow_the_policy(lake, catalog, make_run, wait, policy, handed, pair, spec):
+def test_incomplete_groups_wait_then_follow_the_policy(
+    lake, catalog, make_run, wait, policy, handed, pair, spec
+):
     make_run(pair("done") + pair("partial") + [spec("partial", finished=False)])
     config = SamplerConfig(run_id="run-t", group_wait_s=wait, incomplete_groups=policy, groups_per_batch=5)
     batch = Sampler(lake, catalog, config).next_batch(0, 0)
@@ -80,7 +82,7 @@ def test_incomplete_groups_wait_then_follow_the_policy(lake, catalog, make_run, 
 
 
 def test_group_size_makes_a_group_complete_without_waiting(lake, catalog, make_run, pair, spec):
-    make_run(pair("g") + [spec("g", finished=False)])
+    make_run([*pair("g"), spec("g", finished=False)])
     assert sampler(lake, catalog).next_batch(0, 0) is None
     batch = sampler(lake, catalog, group_size=2).next_batch(0, 0)
     assert len(batch.samples) == 2
@@ -149,12 +151,16 @@ def _owner_of(catalog, batch):
     from trajlake.store.catalog import SamplerLease
 
     with catalog.engine.connect() as conn:
-        owners = conn.execute(select(SamplerLease.owner).where(SamplerLease.trajectory_id.in_(batch.trajectory_ids)))
+        owners = conn.execute(
+            select(SamplerLease.owner).where(SamplerLease.trajectory_id.in_(batch.trajectory_ids))
+        )
         (owner,) = set(owners.scalars())
     return owner
 
 
-def test_committed_trajectories_never_come_back_but_released_and_expired_ones_do(lake, catalog, make_run, pair):
+def test_committed_trajectories_never_come_back_but_released_and_expired_ones_do(
+    lake, catalog, make_run, pair
+):
     make_run(pair("a") + pair("b"))
     rank0 = sampler(lake, catalog, groups_per_batch=1)
     used = rank0.next_batch(0, 0)
@@ -199,3 +205,26 @@ def test_first_fit_decreasing_packing():
     assert pack_micro_batches([5, 50, 30, 20, 10], budget=60) == [[1], [2, 3], [4, 0]]
     assert pack_micro_batches([200, 10], budget=100) == [[0], [1]]  # too long: a micro-batch of its own
     assert pack_micro_batches([], budget=10) == []
+
+
+def test_a_sample_finishing_after_its_group_was_handed_out_is_counted_not_used(lake, catalog, bus, drain):
+    from trajlake.rollout.recorder import Recorder
+
+    recorder = Recorder(bus, "run-t", vocab_size=100)
+    trajs = [recorder.start(task_id="t", group_id="g", sample_index=i) for i in range(3)]
+    for traj, reward in zip(trajs[:2], (1.0, 0.0), strict=True):
+        traj.turn([4], [-0.5], 0, input_token_ids=[1])
+        traj.reward(reward)
+        traj.finish("completed")
+    trajs[2].turn([4], [-0.5], 0, input_token_ids=[1])
+    trajs[2].flush()
+    drain()
+    config = SamplerConfig(run_id="run-t", group_wait_s=0)
+    first = Sampler(lake, catalog, config).next_batch(0, 0)
+    assert len(first.samples) == 2
+    trajs[2].reward(1.0)
+    trajs[2].finish("completed")
+    drain()
+    rank1 = Sampler(lake, catalog, config, rank=1)
+    assert rank1.next_batch(0, 0) is None
+    assert rank1.select_groups(0)[1].late_members == 1

@@ -1,0 +1,228 @@
+"""Ingest benchmark: Kafka -> one sink process -> Delta, measured side by side in one run.
+
+Figures (all on the same synthetic workload, generated once):
+  - pipeline: producer process -> Kafka -> sink (this process) -> committed Delta rows,
+    events/s, tokens/s and MB/s of wire bytes, exactly-once on;
+  - raw: the same events written straight to one Parquet file with pyarrow (the floor);
+  - the same pipeline with exactly-once off (no txn actions, no fencing, no resume);
+  - freshness: p50/p95 from an event being sent to it being visible to `lake.sql`.
+Ratios: pipeline / raw throughput, and exactly-once overhead = 1 - on / off.
+
+    python bench/ingest.py --quick --json bench-ingest.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from trajlake.ingest import codec
+from trajlake.ingest.bus.base import Message
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.bus.kafka import KafkaBus, create_topic
+from trajlake.ingest.config import KafkaConfig
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.schemas import make_event
+from trajlake.store.lake import Lake
+
+_MESSAGES: list[Message] = []  # inherited by forked producer processes
+
+
+def workload(trajectories: int) -> tuple[list[Message], pa.Table, int]:
+    """Encoded messages (as producers send them), the decoded events, and the token count."""
+    bus = InProcessBus(topic="bench")
+    generate(bus, LoadgenConfig(trajectories=trajectories, run_id="bench", seed=1))
+    messages = [m for log in bus._logs for m in log]
+    tables = [codec.decode(m.value, m.headers)[0] for m in messages]
+    events = pa.concat_tables(tables).combine_chunks()
+    tokens = sum(
+        int(pc.sum(pc.list_value_length(events.column(c))).as_py() or 0)
+        for c in ("input_token_ids", "output_token_ids")
+    )
+    return messages, events, tokens
+
+
+def raw_parquet(events: pa.Table, workdir: Path) -> float:
+    """Seconds to write `events` as one Parquet file with the lake's layout options, no pipeline."""
+    lake = Lake(workdir / "raw-options")
+    options = lake._parquet_options(events.schema)
+    start = time.perf_counter()
+    pq.write_table(events, workdir / "raw.parquet", **options)
+    return time.perf_counter() - start
+
+
+def _produce(config: KafkaConfig, start_at: float) -> None:
+    while time.time() < start_at:
+        time.sleep(0.001)
+    bus = KafkaBus(config)
+    for message in _MESSAGES:
+        bus.send(Message(message.key, message.value, dict(message.headers)))
+    bus.close()
+
+
+def pipeline(bootstrap: str, workdir: Path, exactly_once: bool, total: int) -> float:
+    """Seconds from the first send to the last event committed, one sink, exactly-once on or off."""
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    config = KafkaConfig(bootstrap=bootstrap, topic=name, group_id=name, spool_dir=workdir / "spool")
+    create_topic(config)
+    lake = Lake(workdir / name)
+    bus = KafkaBus(config)
+    sink = DeltaSink(lake, bus, SinkConfig(exactly_once=exactly_once, update_projections=False))
+    while not bus.assigned_partitions():  # join the group before the clock starts
+        sink.poll_once()
+    start_at = time.time() + 0.5
+    producer = mp.get_context("fork").Process(target=_produce, args=(config, start_at))
+    producer.start()
+    while sink.stats.events < total:
+        sink.poll_once()
+        if sink.should_flush():
+            sink.flush()
+    end = sink.stats.last_commit_at or time.time()
+    producer.join()
+    bus.close()
+    stored = lake.sql("select count(*) as n from events").to_pylist()[0]["n"]
+    lake.close()
+    if stored != total:
+        raise SystemExit(f"pipeline stored {stored} events, expected {total}")
+    return end - start_at
+
+
+def _trickle(config: KafkaConfig, n: int, rate: float) -> None:
+    bus = KafkaBus(config)
+    for i in range(n):
+        tid = str(uuid.uuid4())
+        bus.publish(
+            [
+                make_event(
+                    "trajectory_started",
+                    "fresh",
+                    trajectory_id=tid,
+                    seq=0,
+                    task_id=f"t{i}",
+                    group_id="g",
+                    sample_index=0,
+                )
+            ]
+        )
+        bus._producer.flush() if bus._producer is not None else None
+        time.sleep(1.0 / rate)
+    bus.close()
+
+
+def freshness(bootstrap: str, workdir: Path, n: int, rate: float) -> list[float]:
+    """Seconds from each event's creation (event_time, set at send) to its first visibility in lake.sql."""
+    name = f"fresh-{uuid.uuid4().hex[:8]}"
+    config = KafkaConfig(bootstrap=bootstrap, topic=name, group_id=name, spool_dir=workdir / "spool")
+    create_topic(config)
+    lake = Lake(workdir / name)
+    bus = KafkaBus(config)
+    sink = DeltaSink(lake, bus, SinkConfig())  # defaults: flush every 1 s, projections on
+    while not bus.assigned_partitions():
+        sink.poll_once()
+    producer = mp.get_context("fork").Process(target=_trickle, args=(config, n, rate))
+    producer.start()
+    seen: dict[str, float] = {}
+    lags: list[float] = []
+    while len(seen) < n:
+        sink.poll_once()
+        if sink.should_flush() and sink.flush() is not None:
+            rows = lake.sql("select event_id, epoch_us(event_time) as t from events").to_pylist()
+            now = time.time()
+            for row in rows:
+                if row["event_id"] not in seen:
+                    seen[row["event_id"]] = now
+                    lags.append(now - row["t"] / 1e6)
+    producer.join()
+    bus.close()
+    lake.close()
+    return lags
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a small workload (under a minute)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--trajectories", type=int, help="workload size (default 300 quick, 2000 full)")
+    args = parser.parse_args(argv)
+    trajectories = args.trajectories or (300 if args.quick else 2000)
+
+    global _MESSAGES
+    _MESSAGES, events, tokens = workload(trajectories)
+    wire_mb = sum(len(m.value) for m in _MESSAGES) / 1e6
+    total = events.num_rows
+    print(
+        f"workload: {total} events, {tokens} tokens, {len(_MESSAGES)} messages, {wire_mb:.1f} MB on the wire"
+    )
+
+    from trajlake.ingest.broker import BrokerConfig, free_port, start_broker, stop_broker
+
+    with tempfile.TemporaryDirectory(prefix="trajlake-bench-") as tmp:
+        workdir = Path(tmp)
+        bootstrap = os.environ.get("TRAJLAKE_KAFKA_BOOTSTRAP")
+        broker_dir = None
+        if not bootstrap:
+            broker_dir = workdir / "broker"
+            bootstrap = start_broker(BrokerConfig(port=free_port(), data_dir=broker_dir))
+        try:
+            raw_s = raw_parquet(events, workdir)
+            on_s = pipeline(bootstrap, workdir, True, total)
+            off_s = pipeline(bootstrap, workdir, False, total)
+            lags = freshness(bootstrap, workdir, 40 if args.quick else 150, 20.0)
+        finally:
+            if broker_dir is not None:
+                stop_broker(broker_dir)
+
+    def rates(seconds: float) -> dict[str, float]:
+        return {
+            "seconds": round(seconds, 3),
+            "events_per_s": round(total / seconds, 1),
+            "tokens_per_s": round(tokens / seconds, 1),
+            "mb_per_s": round(wire_mb / seconds, 2),
+        }
+
+    result = {
+        "workload": {
+            "events": total,
+            "tokens": tokens,
+            "messages": len(_MESSAGES),
+            "wire_mb": round(wire_mb, 2),
+        },
+        "pipeline_exactly_once": rates(on_s),
+        "pipeline_no_exactly_once": rates(off_s),
+        "raw_parquet": rates(raw_s),
+        "ratio": round(raw_s / on_s, 3),
+        "exactly_once_overhead": round(1 - off_s / on_s, 3),
+        "freshness_s": {
+            "p50": round(float(np.percentile(lags, 50)), 3),
+            "p95": round(float(np.percentile(lags, 95)), 3),
+        },
+        "cpu_count": os.cpu_count(),
+    }
+    print(json.dumps(result, indent=2))
+    print(
+        f"pipeline {result['pipeline_exactly_once']['events_per_s']:.0f} events/s = {result['ratio']:.2f} x raw Parquet; "
+        f"exactly-once overhead {result['exactly_once_overhead']:.1%}; "
+        f"freshness p50 {result['freshness_s']['p50']} s, p95 {result['freshness_s']['p95']} s"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""While the broker is unreachable the producer spools to disk, then delivers; logs and metrics say so."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from trajlake.ingest.broker import BrokerConfig, free_port, start_broker, stop_broker
+from trajlake.ingest.bus.kafka import KafkaBus
+from trajlake.ingest.config import KafkaConfig
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.store.lake import Lake
+
+pytestmark = pytest.mark.integration
+
+
+def test_events_sent_while_the_broker_is_down_are_spooled_then_delivered(
+    lake: Lake, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    config = KafkaConfig(
+        bootstrap=f"127.0.0.1:{port}",
+        topic="spooled",
+        spool_dir=tmp_path / "spool",
+        max_block_s=0.5,
+        retry_interval_s=0.2,
+        delivery_timeout_s=3,
+    )
+    caplog.set_level(logging.WARNING, logger="trajlake.ingest.bus.kafka")
+    producer = KafkaBus(config)
+    produced = generate(producer, LoadgenConfig(trajectories=40, prompt_tokens=8, output_tokens=8)).events
+    assert producer.spooled() > 0
+    assert list((tmp_path / "spool" / "spooled").glob("spool-*.bin"))
+    assert "unreachable" in caplog.text
+    stats = producer.spool_stats()
+    assert stats["spooled_total"] >= producer.spooled() > 0
+    producer.close()  # gives up for now: what is left stays on disk
+
+    broker = BrokerConfig(port=port, data_dir=tmp_path / "broker", partitions=2)
+    start_broker(broker)
+    try:
+        later = KafkaBus(config)  # a new producer takes over the spool and delivers it
+        later.flush(timeout_s=60)
+        assert later.spooled() == 0
+        assert later.spool_stats()["delivered_total"] > 0
+        later.close()
+        assert not list((tmp_path / "spool" / "spooled").glob("spool-*.bin"))
+
+        consumer = KafkaBus(config)
+        try:
+            DeltaSink(lake, consumer, SinkConfig(max_latency_s=0.2)).run(until_idle_s=2.0)
+        finally:
+            consumer.close()
+    finally:
+        stop_broker(broker.data_dir)
+    row = lake.sql("select count(*) as n, count(distinct event_id) as d from events").to_pylist()[0]
+    assert (row["n"], row["d"]) == (produced, produced)

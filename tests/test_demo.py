@@ -1,0 +1,149 @@
+"""`trajlake demo`: a shortened run learns, fills every table, and shows every failure label."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from trajlake.cli import main
+from trajlake.schemas.events import FAILURE_LABELS
+from trajlake.store.lake import Lake
+
+TABLES = ("events", "trajectories", "turns", "tool_calls", "dead_letters", "policy_versions", "trainer_steps",
+          "batch_consumption")  # fmt: skip
+
+
+def run_demo_cli(tmp_path: Path, run_id: str, *args: str) -> tuple[int, dict, Lake]:
+    summary_path = tmp_path / "summary.json"
+    code = main(
+        ["demo", "--lake", str(tmp_path / "lake"), "--run-id", run_id, "--json", str(summary_path), *args]
+    )
+    return code, json.loads(summary_path.read_text()), Lake(tmp_path / "lake")
+
+
+def reward_by_version(lake: Lake, run_id: str) -> list[float]:
+    """Mean scored reward per policy version, read straight from the lake."""
+    rows = lake.sql(
+        f"""select policy_version_min as v, avg(reward) as r from trajectories
+            where run_id = '{run_id}' and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
+            group by v order by v"""
+    )
+    return rows.column("r").to_pylist()
+
+
+def rows_of_run(lake: Lake, table: str, run_id: str) -> int:
+    return lake.sql(f"select count(*) from {table} where run_id = '{run_id}'").column(0)[0].as_py()
+
+
+@pytest.fixture(scope="module")
+def short_demo(tmp_path_factory) -> tuple[int, dict, Lake]:
+    """One shortened demo (threads, 24 steps, doubled fault rates) shared by the tests below."""
+    tmp_path = tmp_path_factory.mktemp("demo")
+    return run_demo_cli(tmp_path, "short", "--no-ray", "--steps", "24", "--fault-rate", "2")
+
+
+@pytest.mark.slow
+def test_a_short_demo_learns_and_fills_every_table(short_demo):
+    code, summary, lake = short_demo
+
+    assert code == 0, "the demo exits 1 when it did not learn"
+    rewards = reward_by_version(lake, "short")
+    k = max(1, len(rewards) // 5)
+    first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+    assert last >= first + 0.2, f"reward by version did not rise enough: {rewards}"
+    assert summary["learned"] and summary["steps"] == 24
+
+    empty = [t for t in TABLES if rows_of_run(lake, t, "short") == 0]
+    assert not empty, f"tables without rows of the run: {empty}"
+    labels = (
+        lake.sql("select distinct failure_label from trajectories where run_id = 'short'")
+        .column(0)
+        .to_pylist()
+    )
+    assert set(FAILURE_LABELS) <= set(labels)
+    spanning = (
+        lake.sql(
+            "select count(*) from trajectories where run_id = 'short' and policy_version_max > policy_version_min"
+        )
+        .column(0)[0]
+        .as_py()
+    )
+    assert spanning > 0, "no trajectory picked up a new policy version mid-episode"
+    stale = (
+        lake.sql("select max(staleness) from batch_consumption where run_id = 'short'").column(0)[0].as_py()
+    )
+    assert stale <= 2  # the default max_staleness
+
+    overfit = summary["overfit"]
+    assert overfit["tasks"] == 32 and overfit["reward_after"] > overfit["reward_before"]
+    assert rows_of_run(lake, "trajectories", "short-overfit") >= 32 * 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", ["overview", "entropy", "behaviour", "failures", "async", "browser", "sql"])
+def test_every_dashboard_page_shows_the_demo_run(short_demo, monkeypatch, page):
+    from streamlit.testing.v1 import AppTest
+
+    _, _, lake = short_demo
+    monkeypatch.setenv("TRAJLAKE_LAKE", lake.root)
+    at = AppTest.from_file(str(Path(__file__).parents[1] / "dashboards" / "app.py"), default_timeout=120)
+    at.query_params["page"] = page
+    at.query_params["run"] = "short"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    if page in ("overview", "entropy", "behaviour", "failures", "async"):
+        assert list(at.get("vega_lite_chart")), f"the {page} page drew no chart of the demo run"
+
+
+@pytest.mark.slow
+def test_ablate_replays_the_demo_run(short_demo, capsys):
+    _, _, lake = short_demo
+    capsys.readouterr()
+    assert main(["ablate", "--lake", lake.root, "--run", "short"]) == 0
+    table = capsys.readouterr().out
+    assert "ablation of run short" in table and "token_mean" in table and "prompt_mean" in table
+
+
+def test_demo_rejects_bad_settings_with_the_option_to_fix(tmp_path, capsys):
+    code = main(["demo", "--lake", str(tmp_path / "lake"), "--steps", "1"])
+    assert code == 2
+    assert "--steps" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_demo_over_kafka_fills_the_same_tables(tmp_path, kafka_topic, monkeypatch):
+    monkeypatch.setenv("TRAJLAKE_KAFKA_SPOOL_DIR", str(tmp_path / "spool"))
+    code, summary, lake = run_demo_cli(
+        tmp_path, "kafka", "--no-ray", "--steps", "6", "--overfit-tasks", "0", "--fault-rate", "3",
+        "--kafka", kafka_topic.bootstrap, "--topic", kafka_topic.topic,
+    )  # fmt: skip
+
+    assert code in (0, 1)  # six steps are too few to judge learning; the path through Kafka is under test
+    assert summary["steps"] == 6
+    empty = [t for t in TABLES if rows_of_run(lake, t, "kafka") == 0]
+    assert not empty, f"tables without rows of the run: {empty}"
+    sources = lake.sql("select distinct topic from dead_letters where run_id = 'kafka'").column(0).to_pylist()
+    assert sources == [kafka_topic.topic]
+    assert rows_of_run(lake, "trajectories", "kafka") == summary["trajectories"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_demo_on_local_ray_workers_fills_the_same_tables(tmp_path):
+    code, _, lake = run_demo_cli(tmp_path, "ray", "--steps", "8", "--overfit-tasks", "0", "--fault-rate", "3")
+
+    assert code in (0, 1)  # eight steps are too few to judge learning; the Ray path is under test
+    empty = [t for t in TABLES if rows_of_run(lake, t, "ray") == 0]
+    assert not empty, f"tables without rows of the run: {empty}"
+    producers = lake.sql(
+        "select distinct producer_id from events where run_id = 'ray' and event_type = 'turn'"
+    )
+    this_process = f"{socket.gethostname()}:{os.getpid()}"
+    assert this_process not in producers.column(0).to_pylist()  # episodes ran in Ray worker processes
+    versions = lake.sql("select max(policy_version) from turns where run_id = 'ray'").column(0)[0].as_py()
+    assert versions >= 4  # the workers picked up the weights the trainer published
