@@ -140,6 +140,7 @@ def run_kafka_up(args: argparse.Namespace) -> int:
     from trajlake.ingest.broker import BrokerConfig, BrokerError, start_broker
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # the readiness probe's client chatter
     try:
         config = BrokerConfig(
             port=args.port, data_dir=Path(args.data_dir), partitions=args.partitions, heap=args.heap

@@ -17,6 +17,7 @@ waits on a busy timeout. The schema is created and upgraded by Alembic on open.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -238,12 +240,27 @@ class Catalog:
         """Lease the free or expired ids among `trajectory_ids`; return the ids now held by `owner`."""
         if not trajectory_ids:
             return []
+        # Every claimer locks rows in the same (sorted) order, so concurrent claims of
+        # overlapping ids queue behind each other instead of deadlocking.
+        ids = sorted(set(trajectory_ids))
+        for attempt in range(DEADLOCK_RETRIES):
+            try:
+                return self._claim_sorted(run_id, ids, owner, rank, trainer_version, ttl_s)
+            except OperationalError as err:
+                if not _is_lock_conflict(err) or attempt == DEADLOCK_RETRIES - 1:
+                    raise
+                time.sleep(0.01 * (attempt + 1))  # the other transaction won: try again
+        raise AssertionError("unreachable")
+
+    def _claim_sorted(
+        self, run_id: str, ids: list[str], owner: str, rank: int, trainer_version: int, ttl_s: float
+    ) -> list[str]:
         claimed: list[str] = []
         with self.engine.begin() as conn:
             now = utcnow()
             expires = now + dt.timedelta(seconds=ttl_s)
-            for start in range(0, len(trajectory_ids), CLAIM_CHUNK):
-                chunk = list(dict.fromkeys(trajectory_ids[start : start + CLAIM_CHUNK]))
+            for start in range(0, len(ids), CLAIM_CHUNK):
+                chunk = ids[start : start + CLAIM_CHUNK]
                 rows = [
                     {
                         "run_id": run_id,
@@ -368,3 +385,12 @@ class Catalog:
                 SamplerLease.run_id == run_id, SamplerLease.consumed.is_(True)
             )
             return list(conn.execute(stmt).scalars().all())
+
+
+DEADLOCK_RETRIES = 5
+
+
+def _is_lock_conflict(err: Exception) -> bool:
+    """True for PostgreSQL deadlock / serialization failures (SQLSTATE 40P01, 40001): safe to retry."""
+    code = getattr(getattr(err, "orig", None), "sqlstate", None)
+    return code in {"40P01", "40001"}
