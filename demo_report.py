@@ -166,4 +166,5 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
         f"select policy_version_min as v, avg(reward) as reward, count(*) as n from trajectories "
         f"where run_id = '{run_id}' group by v order by v"
     )
-    p(f"SQL:       trajlake sql --lake {lake_q} {shlex.quote(query)}")
+    quoted = f'"{query}"' if not any(c in query for c in '"$`\\!') else shlex.quote(query)
+    p(f"SQL:       trajlake sql --lake {lake_q} {quoted}")

@@ -158,8 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small workload (under a minute)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--trajectories", type=int, help="workload size (default 300 quick, 2000 full)")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timings are the best of this many runs (1 quick, 3 full)"
+    )
     args = parser.parse_args(argv)
     trajectories = args.trajectories or (300 if args.quick else 2000)
+    args.repeats = args.repeats or (1 if args.quick else 3)
 
     global _MESSAGES
     _MESSAGES, events, tokens = workload(trajectories)
@@ -179,9 +183,12 @@ def main(argv: list[str] | None = None) -> int:
             broker_dir = workdir / "broker"
             bootstrap = start_broker(BrokerConfig(port=free_port(), data_dir=broker_dir))
         try:
-            raw_s = raw_parquet(events, workdir)
-            on_s = pipeline(bootstrap, workdir, True, total)
-            off_s = pipeline(bootstrap, workdir, False, total)
+            # best of `repeats`: single runs on a shared 2-core machine vary by tens of percent
+            raw_s = min(raw_parquet(events, workdir) for _ in range(args.repeats))
+            on_s = off_s = float("inf")
+            for _ in range(args.repeats):  # interleaved, so drift in load hits both modes alike
+                on_s = min(on_s, pipeline(bootstrap, workdir, True, total))
+                off_s = min(off_s, pipeline(bootstrap, workdir, False, total))
             lags = freshness(bootstrap, workdir, 40 if args.quick else 150, 20.0)
         finally:
             if broker_dir is not None:

@@ -147,7 +147,7 @@ EVENT_COLUMNS = SCALAR_COLUMNS + TOKEN_COLUMNS
 
 def _list_sums(col: pa.ChunkedArray | pa.Array, lengths: np.ndarray, dtype: type) -> np.ndarray:
     """Per-row sum of a list column (0 for null or empty lists), vectorised."""
-    values = np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False), dtype=dtype)
+    values: np.ndarray = np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False), dtype=dtype)
     ends = np.cumsum(lengths)
     csum = np.concatenate([[0], np.cumsum(values)])
     return csum[ends] - csum[ends - lengths]

@@ -56,8 +56,9 @@ def combine(parts: list[Mismatch]) -> Mismatch:
     n = sum(p.n_tokens for p in measured)
     if n == 0:
         return Mismatch(None, None, 0, parts[0].threshold if parts else MISMATCH_THRESHOLD)
-    mean = sum(p.mean_abs_diff * p.n_tokens for p in measured) / n  # type: ignore[operator]
-    return Mismatch(mean, max(p.max_abs_diff for p in measured), n, parts[0].threshold)  # type: ignore[type-var]
+    mean = sum((p.mean_abs_diff or 0.0) * p.n_tokens for p in measured) / n
+    worst = max(p.max_abs_diff or 0.0 for p in measured)
+    return Mismatch(mean, worst, n, parts[0].threshold)
 
 
 def write_trainer_steps(lake: Lake, rows: list[dict[str, Any]]) -> int:
