@@ -164,8 +164,8 @@ class DeltaSink:
                 self.add_rejected(released.message, released.reason)
         return len(messages)
 
-    def add_rejected(self, message: Message, reason: str) -> None:
-        """Buffer `message` as a dead letter with `reason` (e.g. an incomplete chunk set)."""
+    def _account(self, message: Message) -> None:
+        """Count a message into the buffer and advance its partition's offset."""
         p = self._pending
         if p.first_at is None:
             p.first_at = time.monotonic()
@@ -174,18 +174,18 @@ class DeltaSink:
         pos = message.position
         if pos is not None:
             p.last_offsets[pos.app_id] = max(p.last_offsets.get(pos.app_id, -1), pos.offset)
-        self._dead(pos, message.key, codec.content_type_of(message.headers), message.value, reason)
+
+    def add_rejected(self, message: Message, reason: str) -> None:
+        """Buffer `message` as a dead letter with `reason` (e.g. an incomplete chunk set)."""
+        self._account(message)
+        content_type = codec.content_type_of(message.headers)
+        self._dead(message.position, message.key, content_type, message.value, reason)
 
     def add(self, message: Message) -> None:
         """Decode one message into the buffer; an unreadable one becomes a dead letter."""
+        self._account(message)
         p = self._pending
-        if p.first_at is None:
-            p.first_at = time.monotonic()
-        self.stats.messages += 1
-        p.bytes += len(message.value)
         pos = message.position
-        if pos is not None:
-            p.last_offsets[pos.app_id] = max(p.last_offsets.get(pos.app_id, -1), pos.offset)
         content_type = codec.content_type_of(message.headers)
         try:
             table, bad = codec.decode(message.value, message.headers)

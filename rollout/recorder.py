@@ -235,12 +235,8 @@ class TrajectoryRecorder:
             self.flush()
             return
         # A crash in the harness is the system's fault, never the model's: record it as such.
-        self._pending_safe_finish(f"{type(exc).__name__}: {exc}")
-
-    def _pending_safe_finish(self, message: str) -> None:
-        self.finish(
-            "error", failure_origin="system", failure_label="harness_behavior", message=message[:2000]
-        )
+        message = f"{type(exc).__name__}: {exc}"[:2000]
+        self.finish("error", failure_origin="system", failure_label="harness_behavior", message=message)
 
 
 class Recorder:
