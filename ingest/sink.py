@@ -46,6 +46,7 @@ class SinkConfig(BaseModel):
     max_latency_s: float = Field(1.0, gt=0, description="Flush buffered events at least this often.")
     poll_max_messages: int = Field(2000, ge=1, description="Messages taken per poll.")
     poll_timeout_s: float = Field(0.2, gt=0, description="How long one poll waits for a first message.")
+    flush_when_idle: bool = Field(True, description="Flush as soon as a poll returns nothing new.")
     exactly_once: bool = Field(True, description="Store offsets in the Delta log and resume from them.")
     update_projections: bool = Field(True, description="Advance projections after every events commit.")
     seq_cache_trajectories: int = Field(
@@ -93,6 +94,7 @@ class DeltaSink:
         self.config = config or SinkConfig()
         self.stats = SinkStats()
         self._pending = _Pending()
+        self._idle = False
         self._seqs: OrderedDict[str, set[int]] = OrderedDict()
         self._dead_positions: dict[str, int] = {}
         self._resumed: set[tuple[str, int]] = set()
@@ -147,7 +149,9 @@ class DeltaSink:
             return False
         age = time.monotonic() - (p.first_at or time.monotonic())
         return (
-            p.rows >= self.config.max_rows
+            # the input went quiet: waiting longer would batch nothing more, only add latency
+            (self.config.flush_when_idle and self._idle)
+            or p.rows >= self.config.max_rows
             or p.bytes >= self.config.max_bytes
             or age >= self.config.max_latency_s
         )
@@ -155,6 +159,7 @@ class DeltaSink:
     def poll_once(self) -> int:
         """Poll the bus once and buffer what arrives; return the number of messages."""
         messages = self.bus.poll(self.config.poll_max_messages, self.config.poll_timeout_s)
+        self._idle = not messages
         # chunks of an oversized message are reassembled first; later messages of their
         # partition wait, so committed offsets never pass the first chunk of a partial set
         for released in self._assembler.feed(messages):
