@@ -42,6 +42,11 @@ def add_lake_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_run_option(parser: argparse.ArgumentParser, help: str = "run id (env TRAJLAKE_RUN)") -> None:
+    """`--run R` (env TRAJLAKE_RUN), required unless the env var is set."""
+    parser.add_argument("--run", default=env_default("RUN"), required=env_default("RUN") is None, help=help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with every stage's commands registered."""
     parser = argparse.ArgumentParser(

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trajlake.cli import CliError, add_lake_option, env_default
+from trajlake.cli import CliError, add_lake_option, add_run_option, env_default
 
 APP = Path(__file__).with_name("app.py")
 TABLE_COLUMNS = (
@@ -60,12 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("metrics", help="the dashboard's figures per policy version")
     add_lake_option(p)
-    p.add_argument(
-        "--run",
-        default=env_default("RUN"),
-        required=env_default("RUN") is None,
-        help="run id (env TRAJLAKE_RUN)",
-    )
+    add_run_option(p)
     p.add_argument(
         "--format",
         choices=("table", "json"),

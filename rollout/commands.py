@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from trajlake.cli import CliError, add_lake_option, env_default
+from trajlake.cli import CliError, add_lake_option, add_run_option, env_default
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,12 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "doctor", help="dry-run health report: system vs model failures, tools, nudges, drift"
     )
     add_lake_option(d)
-    d.add_argument(
-        "--run",
-        default=env_default("RUN"),
-        required=env_default("RUN") is None,
-        help="run id to check (env TRAJLAKE_RUN)",
-    )
+    add_run_option(d, help="run id to check (env TRAJLAKE_RUN)")
     d.add_argument(
         "--max-system-error-rate",
         type=float,

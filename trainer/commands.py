@@ -7,20 +7,11 @@ import json
 import sys
 from typing import Any
 
-from trajlake.cli import CliError, add_lake_option, env_default
+from trajlake.cli import CliError, add_lake_option, add_run_option, env_default
 
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
-
-
-def _add_run(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--run",
-        default=env_default("RUN"),
-        required=env_default("RUN") is None,
-        help="run id (env TRAJLAKE_RUN)",
-    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "ablate", help="offline loss ablation: replay a run's data through loss configurations"
     )
     add_lake_option(p)
-    _add_run(p)
+    add_run_option(p)
     p.add_argument(
         "--aggregation",
         type=_csv,
@@ -78,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "select-overfit", help="tasks with non-zero reward variance, to prove learnability first"
     )
     add_lake_option(p)
-    _add_run(p)
+    add_run_option(p)
     p.add_argument(
         "--n",
         type=int,
@@ -101,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("train", help="the reference CPU trainer on a run's data (tiny policy)")
     add_lake_option(p)
-    _add_run(p)
+    add_run_option(p)
     p.add_argument(
         "--steps",
         type=int,
