@@ -296,34 +296,22 @@ class Recorder:
         self, version: int, step: int, checkpoint: str | None = None, metrics: Mapping[str, Any] | None = None
     ) -> None:
         """Publish a trainer's `policy_updated` event (rollout workers pick the version up)."""
-        self.bus.publish(
-            [
-                ev.make_event(
-                    ev.POLICY_UPDATED,
-                    self.run_id,
-                    producer_id=self.producer_id,
-                    policy_version=version,
-                    step=step,
-                    checkpoint=checkpoint,
-                    metrics=metrics,
-                )
-            ]
+        self._publish_run_event(
+            ev.POLICY_UPDATED, policy_version=version, step=step, checkpoint=checkpoint, metrics=metrics
         )
 
     def batch_consumed(
         self, step: int, trainer_version: int, trajectory_ids: Sequence[str], staleness: Sequence[int]
     ) -> None:
         """Publish a trainer's `batch_consumed` event: which trajectories a step used."""
-        self.bus.publish(
-            [
-                ev.make_event(
-                    ev.BATCH_CONSUMED,
-                    self.run_id,
-                    producer_id=self.producer_id,
-                    step=step,
-                    trainer_version=trainer_version,
-                    consumed_trajectory_ids=list(trajectory_ids),
-                    consumed_staleness=list(staleness),
-                )
-            ]
+        self._publish_run_event(
+            ev.BATCH_CONSUMED,
+            step=step,
+            trainer_version=trainer_version,
+            consumed_trajectory_ids=list(trajectory_ids),
+            consumed_staleness=list(staleness),
         )
+
+    def _publish_run_event(self, event_type: str, **fields: Any) -> None:
+        """Publish one event of the run (not of a trajectory) at once."""
+        self.bus.publish([ev.make_event(event_type, self.run_id, producer_id=self.producer_id, **fields)])

@@ -95,6 +95,8 @@ class Lake:
 
     def exists(self, name: str) -> bool:
         """True if table `name` has been created."""
+        if name in self._tables:  # tables are never dropped: once opened, always there
+            return True
         try:
             return DeltaTable.is_deltatable(self.uri(name), storage_options=self.storage_options or None)
         except OSError:
