@@ -16,9 +16,8 @@ as_postgres() {
 if [ "$action" = up ]; then
   mkdir -p "$state"
   if [ -z "$pg_bin" ]; then
-    echo "installing PostgreSQL (apt)" >&2
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) >&2
-    pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+    echo "PostgreSQL is not installed: run scripts/test.sh, which installs it (apt package postgresql)" >&2
+    exit 1
   fi
   pg_port=$(free_port)
   pg_dir="$state/postgres"

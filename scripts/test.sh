@@ -7,10 +7,17 @@ cd "$(dirname "$0")/.."
 venv=$(scripts/venv.sh)
 export PATH="$venv/bin:$PATH"
 
-# Debian's Chromium and its driver, for the dashboard's browser test
-if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
-  echo "installing chromium + chromium-driver (apt)" >&2
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >&2
+# System packages the tests need, installed once on a new machine: Debian's Chromium and its
+# driver (dashboard browser test), PostgreSQL (catalog), a JRE and Maven (the Kafka broker).
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v java >/dev/null || missing+=(default-jre-headless)
+command -v mvn >/dev/null || missing+=(maven)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]} (apt)" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >&2
 fi
 
 state=$(mktemp -d "${TMPDIR:-/tmp}/trajlake-test.XXXXXX")
