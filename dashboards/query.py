@@ -7,6 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from trajlake.store.sql import sql_string
+
 VersionRange = tuple[int, int] | None
 
 TIME_BUCKETS = 40
@@ -30,7 +32,7 @@ def literal(value: Any) -> str:
         return "TRUE" if value else "FALSE"
     if isinstance(value, int | float):
         return repr(value)
-    return "'" + str(value).replace("'", "''") + "'"
+    return sql_string(str(value))
 
 
 def query(lake: Any, sql: str, **params: Any) -> pa.Table:

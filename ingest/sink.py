@@ -32,6 +32,7 @@ from trajlake.schemas.validation import validate
 from trajlake.store import projections
 from trajlake.store.errors import TxnFenced
 from trajlake.store.lake import Lake, combine_in_parts
+from trajlake.store.sql import sql_in_list
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +325,7 @@ class DeltaSink:
         } - started
         missing = [t for t in wanted if t not in self._seqs]
         if missing:
-            quoted = ", ".join("'" + t.replace("'", "''") + "'" for t in missing)
+            quoted = sql_in_list(missing)
             stored = self.lake.read("events", ["trajectory_id", "seq"], where=f"trajectory_id in ({quoted})")
             for t in missing:
                 self._seqs[t] = set()

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from trajlake.schemas.events import EVENTS_SCHEMA as SCHEMAS_EVENTS
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
 from trajlake.store.errors import CommitConflict, TxnFenced
+from trajlake.store.sql import sql_in_list
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -301,7 +302,7 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
     old = sorted(ids - fresh)
     old_rows: dict[str, pa.Table] = {}
     if old:
-        quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in old)
+        quoted = sql_in_list(old)
         everything = lake.read("events", EVENT_COLUMNS, where=f"trajectory_id in ({quoted})")
         old_rows = compute(scalarize(everything))
     for name in names:

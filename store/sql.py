@@ -65,8 +65,18 @@ VIEWS = {
 }
 
 
+def sql_string(value: str) -> str:
+    """A SQL string literal for `value` (single quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_in_list(values: Sequence[str]) -> str:
+    """The inside of an `IN (...)` list of string literals."""
+    return ", ".join(sql_string(v) for v in values)
+
+
 def _sql_list(paths: Sequence[str]) -> str:
-    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+    return "[" + sql_in_list(paths) + "]"
 
 
 def register_tables(

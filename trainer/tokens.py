@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trajlake.store.sql import sql_in_list, sql_string
+
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
 
@@ -37,10 +39,6 @@ TURN_COLUMNS = (
 )
 
 
-def _quote_list(values: Sequence[str]) -> str:
-    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
-
-
 def _flat(column: pa.ChunkedArray, dtype: type) -> tuple[np.ndarray, np.ndarray]:
     """Flattened values and per-row start offsets of a list column (null lists are empty)."""
     array = column.combine_chunks()
@@ -55,7 +53,7 @@ def read_from_events(lake: Lake, run_id: str, trajectory_ids: Sequence[str]) -> 
     """Token arrays of each trajectory, assembled from its `turn` events."""
     if not trajectory_ids:
         return {}
-    where = f"event_type = 'turn' and run_id = '{run_id.replace(chr(39), chr(39) * 2)}' and trajectory_id in ({_quote_list(trajectory_ids)})"
+    where = f"event_type = 'turn' and run_id = {sql_string(run_id)} and trajectory_id in ({sql_in_list(trajectory_ids)})"
     turns = lake.sql(f"select {', '.join(TURN_COLUMNS)} from events where {where}")
     return assemble(turns)
 
@@ -106,7 +104,7 @@ def read_from_view(lake: Lake, run_id: str, trajectory_ids: Sequence[str]) -> di
         return {}
     query = (
         "select trajectory_id, token_ids, logprobs, loss_mask from trajectories "
-        f"where run_id = '{run_id.replace(chr(39), chr(39) * 2)}' and trajectory_id in ({_quote_list(trajectory_ids)})"
+        f"where run_id = {sql_string(run_id)} and trajectory_id in ({sql_in_list(trajectory_ids)})"
     )
     table = lake.sql(query)
     tids = table.column("trajectory_id").to_pylist()
