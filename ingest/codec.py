@@ -53,28 +53,67 @@ def content_type_of(headers: Mapping[str, str]) -> str:
 def decode(value: bytes, headers: Mapping[str, str]) -> tuple[pa.Table, list[tuple[Any, str]]]:
     """Decode a message into an events table plus (raw event, reason) for events that can't be stored.
 
-    Raises `DecodeError` when the message as a whole is unreadable.
+    Raises `DecodeError` when the message as a whole is unreadable. A sink decoding many
+    messages uses one `Decoder`, which reads each distinct Arrow schema once.
     """
-    content_type = content_type_of(headers)
-    if content_type == ARROW_CONTENT_TYPE:
-        return _decode_arrow(value), []
-    if content_type == JSON_CONTENT_TYPE:
-        return _decode_json(value)
-    raise DecodeError(
-        f"content-type {content_type!r} is not supported; send {ARROW_CONTENT_TYPE} or {JSON_CONTENT_TYPE}"
-    )
+    return Decoder().decode(value, headers)
 
 
-def _decode_arrow(value: bytes) -> pa.Table:
-    try:
-        with pa.ipc.open_stream(pa.py_buffer(value)) as reader:
-            table = reader.read_all()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, EOFError) as err:
-        raise DecodeError(f"not a readable Arrow IPC stream ({len(value)} bytes): {err}") from None
-    try:
-        return conform(table)
-    except EventError as err:
-        raise DecodeError(f"Arrow stream does not match the events schema: {err.reason}") from None
+class Decoder:
+    """Decodes messages, remembering the Arrow schemas it has read.
+
+    Every message of a producer repeats the same wide schema; parsing it costs more than
+    reading the message's rows, so each distinct schema is parsed (and checked against the
+    events schema) once and later messages only read their record batches.
+    """
+
+    def __init__(self, max_schemas: int = 1024) -> None:
+        self._schemas: dict[bytes, pa.Schema] = {}
+        self._max_schemas = max_schemas
+
+    def decode(self, value: bytes, headers: Mapping[str, str]) -> tuple[pa.Table, list[tuple[Any, str]]]:
+        """As `decode` above."""
+        content_type = content_type_of(headers)
+        if content_type == ARROW_CONTENT_TYPE:
+            return self._decode_arrow(value), []
+        if content_type == JSON_CONTENT_TYPE:
+            return _decode_json(value)
+        raise DecodeError(
+            f"content-type {content_type!r} is not supported; send {ARROW_CONTENT_TYPE} or {JSON_CONTENT_TYPE}"
+        )
+
+    def _decode_arrow(self, value: bytes) -> pa.Table:
+        try:
+            table = self._read_stream(value)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, EOFError) as err:
+            raise DecodeError(f"not a readable Arrow IPC stream ({len(value)} bytes): {err}") from None
+        try:
+            return conform(table)
+        except EventError as err:
+            raise DecodeError(f"Arrow stream does not match the events schema: {err.reason}") from None
+
+    def _read_stream(self, value: bytes) -> pa.Table:
+        source = pa.BufferReader(value)
+        first = pa.ipc.read_message(source)
+        if first.type != "schema":
+            raise pa.ArrowInvalid(f"the stream starts with a {first.type} message, not a schema")
+        key = first.metadata.to_pybytes()
+        schema = self._schemas.get(key)
+        if schema is None:
+            schema = pa.ipc.read_schema(first)
+            if len(self._schemas) < self._max_schemas:
+                self._schemas[key] = schema
+        batches = []
+        while True:
+            try:
+                message = pa.ipc.read_message(source)
+            except EOFError:  # the end-of-stream marker
+                break
+            if message.type != "record batch":  # dictionary batches: let the full reader handle them
+                with pa.ipc.open_stream(pa.py_buffer(value)) as reader:
+                    return reader.read_all()
+            batches.append(pa.ipc.read_record_batch(message, schema))
+        return pa.Table.from_batches(batches, schema)
 
 
 def _decode_json(value: bytes) -> tuple[pa.Table, list[tuple[Any, str]]]:
