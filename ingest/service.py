@@ -66,7 +66,7 @@ def _loop(sink: DeltaSink, metrics: SinkMetrics, stop: threading.Event, until_id
         if sink.poll_once():
             idle_since = time.monotonic()
         if sink.should_flush():
-            sink.flush()
+            sink.flush(wait=False)  # the commit runs while the loop goes on consuming
             idle_since = time.monotonic()  # a long commit is not time without messages
         metrics.tick()
         if until_idle_s is not None and time.monotonic() - idle_since >= until_idle_s:

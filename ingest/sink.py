@@ -47,7 +47,17 @@ class SinkConfig(BaseModel):
     max_latency_s: float = Field(1.0, gt=0, description="Flush buffered events at least this often.")
     poll_max_messages: int = Field(2000, ge=1, description="Messages taken per poll.")
     poll_timeout_s: float = Field(0.2, gt=0, description="How long one poll waits for a first message.")
-    flush_when_idle: bool = Field(True, description="Flush as soon as a poll returns nothing new.")
+    flush_when_idle: bool = Field(
+        True, description="Flush as soon as a poll returns nothing new or the bus has handed over all it has."
+    )
+    min_flush_bytes: int = Field(
+        1 << 20, ge=0, description="An idle flush of less than this waits for min_commit_interval_s."
+    )
+    min_commit_interval_s: float = Field(
+        0.5,
+        ge=0,
+        description="Least time between idle flushes of small batches (bounds commits of a trickle).",
+    )
     exactly_once: bool = Field(True, description="Store offsets in the Delta log and resume from them.")
     update_projections: bool = Field(True, description="Advance projections after every events commit.")
     seq_cache_trajectories: int = Field(
@@ -101,7 +111,10 @@ class DeltaSink:
         self._resumed: set[tuple[str, int]] = set()
         self._committed: dict[str, int | None] = {}  # app id -> offset in the Delta log we build on
         self._assembler = ChunkAssembler(self.config.chunk_max_gap)
-        self._lock = threading.Lock()
+        self._decoder = codec.Decoder()
+        self._lock = threading.RLock()
+        self._inflight: _CommitThread | None = None
+        self._last_commit = 0.0
         if hasattr(bus, "on_assigned"):  # a consumer group (Kafka): partitions move between sinks
             bus.on_assigned = self._on_assigned
             bus.on_revoked = self._on_revoked
@@ -114,6 +127,8 @@ class DeltaSink:
     # -- positions -----------------------------------------------------------------------
     def resume(self, partitions: Iterable[int] | None = None) -> None:
         """Seek each assigned partition to just after the offset stored in the Delta log."""
+        if self._inflight is not None:  # positions are read after the commit in flight lands
+            self._inflight.join()
         for partition in partitions if partitions is not None else self.bus.assigned_partitions():
             app_id = SourcePosition(self.bus.topic, partition, 0).app_id
             stored = self.lake.txn_version("events", app_id)
@@ -145,22 +160,31 @@ class DeltaSink:
 
     # -- consuming -----------------------------------------------------------------------
     def should_flush(self) -> bool:
+        """True when the buffer should be committed now (see `SinkConfig`)."""
         p = self._pending
         if not p.rows and not p.dead:
             return False
-        age = time.monotonic() - (p.first_at or time.monotonic())
-        return (
-            # the input went quiet: waiting longer would batch nothing more, only add latency
-            (self.config.flush_when_idle and self._idle)
-            or p.rows >= self.config.max_rows
-            or p.bytes >= self.config.max_bytes
-            or age >= self.config.max_latency_s
+        full = p.rows >= self.config.max_rows or p.bytes >= self.config.max_bytes
+        if self.committing():  # keep batching while the previous commit runs, unless full
+            return full
+        now = time.monotonic()
+        age = now - (p.first_at or now)
+        # the input went quiet or the bus has nothing more: waiting longer would batch nothing,
+        # only add latency; a trickle of tiny batches still waits min_commit_interval_s
+        idle = self.config.flush_when_idle and self._idle
+        worth_it = (
+            p.bytes >= self.config.min_flush_bytes
+            or now - self._last_commit >= self.config.min_commit_interval_s
         )
+        return full or (idle and worth_it) or age >= self.config.max_latency_s
 
     def poll_once(self) -> int:
         """Poll the bus once and buffer what arrives; return the number of messages."""
-        messages = self.bus.poll(self.config.poll_max_messages, self.config.poll_timeout_s)
-        self._idle = not messages
+        # while a commit runs, look back soon: the buffer may be flushed once it lands
+        timeout = min(self.config.poll_timeout_s, 0.01) if self.committing() else self.config.poll_timeout_s
+        messages = self.bus.poll(self.config.poll_max_messages, timeout)
+        # idle: nothing new arrived, or the bus has handed over everything it has
+        self._idle = not messages or self.bus.caught_up()
         # chunks of an oversized message are reassembled first; later messages of their
         # partition wait, so committed offsets never pass the first chunk of a partial set
         for released in self._assembler.feed(messages):
@@ -194,7 +218,7 @@ class DeltaSink:
         pos = message.position
         content_type = codec.content_type_of(message.headers)
         try:
-            table, bad = codec.decode(message.value, message.headers)
+            table, bad = self._decoder.decode(message.value, message.headers)
         except codec.DecodeError as err:
             self._dead(pos, message.key, content_type, message.value, str(err))
             return
@@ -246,12 +270,19 @@ class DeltaSink:
         )
 
     # -- committing ----------------------------------------------------------------------
-    def flush(self) -> int | None:
-        """Commit the buffer; return the new `events` version (None if nothing to commit)."""
+    def flush(self, wait: bool = True) -> int | None:
+        """Commit the buffer; return the new `events` version (None if nothing was committed).
+
+        With `wait=False` the Parquet write and the Delta commit run on a commit thread while
+        the caller goes on consuming, and None is returned. One commit is in flight at a
+        time: a flush first waits for the previous one, so batches commit in order and each
+        is validated against everything committed before it.
+        """
         with self._lock:
+            version = self._finish_commit()
             p, self._pending = self._pending, _Pending()
             if not p.rows and not p.dead and not p.last_offsets:
-                return None
+                return version
             # one contiguous batch: validation reads it zero-copy and Parquet writes it fastest
             batch = combine_in_parts(p.tables) if p.tables else EVENTS_SCHEMA.empty_table()
             result = validate(batch, self._known_seqs(batch))
@@ -259,15 +290,31 @@ class DeltaSink:
                 self._dead_rows(p, result.rejected, result.rejected_index, result.reasons)
             offsets = p.last_offsets if self.config.exactly_once else {}
             expect = {app_id: self._committed.get(app_id) for app_id in offsets} if offsets else None
-            try:
-                return self._commit(p, result, offsets, expect)
-            except TxnFenced as err:
-                # another sink owns these partitions now (we stalled past a rebalance): what we
-                # buffered is theirs to commit; continue from the Delta log
-                log.warning("dropping %d buffered events: %s", p.rows, err)
-                self._assembler.reset()
-                self.resume(self.bus.assigned_partitions())
-                return None
+            self._inflight = _CommitThread(self._commit, p, result, offsets, expect)
+            self._inflight.start()
+            return self._finish_commit() if wait else None
+
+    def committing(self) -> bool:
+        """True while a commit started by `flush(wait=False)` is still running."""
+        return self._inflight is not None and self._inflight.is_alive()
+
+    def _finish_commit(self) -> int | None:
+        """Wait for the commit in flight; return its version, or None when it was fenced off."""
+        job, self._inflight = self._inflight, None
+        if job is None:
+            return None
+        job.join()
+        if isinstance(job.error, TxnFenced):
+            # another sink owns these partitions now (we stalled past a rebalance): what we
+            # buffered is theirs to commit, including what arrived since; continue from the Delta log
+            log.warning("dropping buffered events: %s", job.error)
+            self._pending = _Pending()
+            self._assembler.reset()
+            self.resume(self.bus.assigned_partitions())
+            return None
+        if job.error is not None:
+            raise job.error
+        return job.version
 
     def _commit(
         self, p: _Pending, result: Any, offsets: dict[str, int], expect: dict[str, int | None] | None
@@ -291,6 +338,7 @@ class DeltaSink:
         self.stats.commits += 1
         self.stats.bytes += p.bytes
         self.stats.last_commit_at = time.time()
+        self._last_commit = time.monotonic()
         self.stats.last_version = version
         if self.config.update_projections:
             known = {action.path: result.valid for action in actions}
@@ -362,11 +410,28 @@ class DeltaSink:
             if got:
                 idle_since = time.monotonic()
             if self.should_flush():
-                self.flush()
+                self.flush(wait=False)
             if until_idle_s is not None and not got and time.monotonic() - idle_since >= until_idle_s:
                 break
         self.flush()
         return self.stats
+
+
+class _CommitThread(threading.Thread):
+    """Runs one `DeltaSink._commit` and keeps its version or error for the consuming thread."""
+
+    def __init__(self, commit: Any, *args: Any) -> None:
+        super().__init__(name="trajlake-commit", daemon=True)
+        self._job = (commit, args)
+        self.version: int | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        commit, args = self._job
+        try:
+            self.version = commit(*args)
+        except BaseException as err:  # handed to the consuming thread, which decides
+            self.error = err
 
 
 def _str_or_none(value: Any) -> str | None:

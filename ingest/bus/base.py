@@ -66,6 +66,10 @@ class Bus(abc.ABC):
     def assigned_partitions(self) -> list[int]:
         """Partitions this consumer currently reads."""
 
+    def caught_up(self) -> bool:
+        """True when the last poll left nothing known to be waiting (False when the bus can't tell)."""
+        return False
+
     def flush(self, timeout_s: float | None = None) -> None:  # noqa: B027 - optional hook
         """Block until published messages are delivered (no-op where delivery is immediate)."""
 

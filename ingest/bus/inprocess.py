@@ -69,6 +69,10 @@ class InProcessBus(Bus):
                     break
             return out
 
+    def caught_up(self) -> bool:
+        with self._cond:
+            return not self._has_pending()
+
     def _has_pending(self) -> bool:
         return any(self._next[p] < len(self._logs[p]) for p in range(self.partitions))
 

@@ -1,0 +1,78 @@
+"""The sink commits while it consumes, in order, and a sink fenced off by another loses and duplicates nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import started_event, turn_event
+from trajlake.ingest.bus.base import SourcePosition
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+
+
+def trajectory(tid: str) -> list[dict]:
+    return [started_event(trajectory_id=tid), turn_event(trajectory_id=tid, seq=1)]
+
+
+def count(lake, table: str = "events") -> int:
+    return lake.sql(f"select count(*) as n from {table}").to_pylist()[0]["n"]
+
+
+def test_a_burst_is_committed_as_soon_as_it_is_read(lake, bus) -> None:
+    for i in range(20):
+        bus.publish(trajectory(f"t{i}"))
+    sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=60, min_commit_interval_s=0))
+    sink.poll_once()  # takes all 20 messages; the bus has nothing more
+    assert sink.should_flush()  # no need to wait for a poll to come back empty
+    sink.flush()
+    assert count(lake) == 40
+
+
+def test_flushes_without_waiting_commit_in_the_background_in_order(lake, bus) -> None:
+    sink = DeltaSink(lake, bus, SinkConfig(min_commit_interval_s=0))
+    for i in range(5):
+        bus.publish(trajectory(f"t{i}"))
+        sink.poll_once()
+        assert sink.flush(wait=False) is None  # returns at once; the commit thread writes
+    version = sink.flush()  # waits for the last one
+    assert not sink.committing()
+    assert count(lake) == 10
+    assert sink.stats.commits == 5 and version == lake.delta("events").version()
+    for partition in bus.assigned_partitions():  # the last commit's offsets are the ones stored
+        app_id = SourcePosition(bus.topic, partition, 0).app_id
+        last = len(bus._logs[partition]) - 1
+        assert lake.txn_version("events", app_id) == (last if last >= 0 else None)
+
+
+def test_an_error_in_the_commit_thread_reaches_the_caller(lake, bus, monkeypatch) -> None:
+    sink = DeltaSink(lake, bus)
+    bus.publish(trajectory("t"))
+    sink.poll_once()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lake, "commit", disk_full)
+    assert sink.flush(wait=False) is None
+    with pytest.raises(OSError, match="No space left"):
+        sink.flush()
+
+
+def test_a_fenced_off_sink_drops_its_buffer_and_resumes_from_the_delta_log(lake) -> None:
+    """Two sinks read the same partitions (a rebalance they both missed): rows land once."""
+    topic = "shared"
+    slow, fast = InProcessBus(topic=topic), InProcessBus(topic=topic)
+    for bus in (slow, fast):
+        for i in range(10):
+            bus.publish(trajectory(f"t{i}"))
+    stale = DeltaSink(lake, slow, SinkConfig(min_commit_interval_s=0))
+    stale.poll_once()  # buffered, not yet committed
+    owner = DeltaSink(lake, fast, SinkConfig(min_commit_interval_s=0))
+    owner.run(until_idle_s=0)
+    assert count(lake) == 20
+    assert stale.flush() is None  # fenced: the Delta log moved past what this sink built on
+    for bus in (slow, fast):
+        bus.publish(trajectory("later"))
+    stale.run(until_idle_s=0)  # resumed after the owner's offsets: only the new message
+    assert count(lake) == 22
+    assert not lake.exists("dead_letters")  # nothing was even offered twice
