@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -249,15 +249,27 @@ class Lake:
         mode: str,
         expect_txns: Mapping[str, int | None],
     ) -> int:
-        # Zero delta-rs retries: a commit that lost a race is re-checked here instead of being
-        # rebased blindly onto a snapshot where another writer may have stored the same offsets.
         props = CommitProperties(app_transactions=txns or None, max_commit_retries=0)
+        return self._fenced(
+            name,
+            expect_txns,
+            lambda table: table.create_write_transaction(
+                list(actions), mode=mode, schema=SCHEMAS[name], commit_properties=props
+            ),
+        )
+
+    def _fenced(
+        self, name: str, expect_txns: Mapping[str, int | None], write: Callable[[DeltaTable], Any]
+    ) -> int:
+        """Run `write` (a commit with zero delta-rs retries) on a snapshot where `expect_txns` hold.
+
+        Zero retries: a commit that lost a race fails instead of being rebased blindly onto a
+        snapshot where another writer may have stored the same offsets; it is re-checked here.
+        """
         for attempt in range(COMMIT_RETRIES * 5):
             table = self.check_txns(name, expect_txns)
             try:
-                table.create_write_transaction(
-                    list(actions), mode=mode, schema=SCHEMAS[name], commit_properties=props
-                )
+                write(table)
             except CommitFailedError:
                 time.sleep(min(0.5, 0.01 * (attempt + 1)))
                 continue
@@ -283,27 +295,36 @@ class Lake:
         data: pa.Table,
         keys: Sequence[str],
         app_transactions: Mapping[str, int] | None = None,
+        expect_txns: Mapping[str, int | None] | None = None,
     ) -> int:
-        """Insert rows, replacing those with the same `keys`, in one Delta MERGE commit."""
+        """Insert rows, replacing those with the same `keys`, in one Delta MERGE commit.
+
+        `expect_txns` fences the merge as in `commit`.
+        """
         if not data.num_rows:
+            if expect_txns is not None:
+                return self.commit(name, [], app_transactions, expect_txns=expect_txns)
             return self.append(name, data, app_transactions)
         predicate = " AND ".join(f"t.{k} = s.{k}" for k in keys)
         txns = [Transaction(app_id=k, version=int(v)) for k, v in (app_transactions or {}).items()]
-        props = CommitProperties(app_transactions=txns or None, max_commit_retries=COMMIT_RETRIES)
-        table = self.delta(name)
-        try:
+        source = _cast(data, SCHEMAS[name])
+
+        def merge(table: DeltaTable, retries: int) -> None:
+            props = CommitProperties(app_transactions=txns or None, max_commit_retries=retries)
             (
                 table.merge(
-                    _cast(data, SCHEMAS[name]),
-                    predicate=predicate,
-                    source_alias="s",
-                    target_alias="t",
-                    commit_properties=props,
+                    source, predicate=predicate, source_alias="s", target_alias="t", commit_properties=props
                 )
                 .when_matched_update_all()
                 .when_not_matched_insert_all()
                 .execute()
             )
+
+        if expect_txns is not None:
+            return self._fenced(name, expect_txns, lambda table: merge(table, 0))
+        table = self.delta(name)
+        try:
+            merge(table, COMMIT_RETRIES)
         except CommitFailedError as err:
             raise CommitConflict(f"merge into {name} failed: {err}", table_uri=self.uri(name)) from err
         table.update_incremental()

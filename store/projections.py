@@ -310,8 +310,7 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
         if name in ("trajectories", "tool_calls") and old:
             keep = pc.invert(pc.is_in(rows.column("trajectory_id"), pa.array(old)))
             rows = pa.concat_tables([rows.filter(keep), old_rows[name]])
-            lake.check_txns(name, expect)
-            lake.upsert(name, rows, KEYS[name], txn)  # by key: a racing duplicate replaces, never adds
+            lake.upsert(name, rows, KEYS[name], txn, expect_txns=expect)
         else:  # turns and trainer projections: one row per event, never revised
             actions = [lake.write_file(name, rows)] if rows.num_rows else []
             lake.commit(name, actions, txn, expect_txns=expect)
