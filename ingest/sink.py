@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 from trajlake.ingest import codec
@@ -45,18 +46,20 @@ class SinkConfig(BaseModel):
     max_rows: int = Field(50_000, ge=1, description="Flush once this many events are buffered.")
     max_bytes: int = Field(128 << 20, ge=1 << 10, description="Flush once buffered messages reach this size.")
     max_latency_s: float = Field(1.0, gt=0, description="Flush buffered events at least this often.")
-    poll_max_messages: int = Field(2000, ge=1, description="Messages taken per poll.")
+    poll_max_messages: int = Field(500, ge=1, description="Messages taken per poll.")
     poll_timeout_s: float = Field(0.2, gt=0, description="How long one poll waits for a first message.")
     flush_when_idle: bool = Field(
         True, description="Flush as soon as a poll returns nothing new or the bus has handed over all it has."
     )
     min_flush_bytes: int = Field(
-        1 << 20, ge=0, description="An idle flush of less than this waits for min_commit_interval_s."
+        4 << 20,
+        ge=0,
+        description="Flush this much whenever no commit is running; less waits for idleness or max_latency_s.",
     )
     min_commit_interval_s: float = Field(
-        0.5,
+        0.2,
         ge=0,
-        description="Least time between idle flushes of small batches (bounds commits of a trickle).",
+        description="Least time from one flush to an idle flush of a small batch (bounds commits of a trickle).",
     )
     exactly_once: bool = Field(True, description="Store offsets in the Delta log and resume from them.")
     update_projections: bool = Field(True, description="Advance projections after every events commit.")
@@ -114,7 +117,7 @@ class DeltaSink:
         self._decoder = codec.Decoder()
         self._lock = threading.RLock()
         self._inflight: _CommitThread | None = None
-        self._last_commit = 0.0
+        self._last_flush = 0.0
         if hasattr(bus, "on_assigned"):  # a consumer group (Kafka): partitions move between sinks
             bus.on_assigned = self._on_assigned
             bus.on_revoked = self._on_revoked
@@ -169,14 +172,13 @@ class DeltaSink:
             return full
         now = time.monotonic()
         age = now - (p.first_at or now)
+        # the commit thread is free and the batch is worth a file: keep writing while reading
+        worth_a_file = p.bytes >= self.config.min_flush_bytes
         # the input went quiet or the bus has nothing more: waiting longer would batch nothing,
         # only add latency; a trickle of tiny batches still waits min_commit_interval_s
         idle = self.config.flush_when_idle and self._idle
-        worth_it = (
-            p.bytes >= self.config.min_flush_bytes
-            or now - self._last_commit >= self.config.min_commit_interval_s
-        )
-        return full or (idle and worth_it) or age >= self.config.max_latency_s
+        spaced = now - self._last_flush >= self.config.min_commit_interval_s
+        return full or worth_a_file or (idle and spaced) or age >= self.config.max_latency_s
 
     def poll_once(self) -> int:
         """Poll the bus once and buffer what arrives; return the number of messages."""
@@ -283,16 +285,21 @@ class DeltaSink:
             p, self._pending = self._pending, _Pending()
             if not p.rows and not p.dead and not p.last_offsets:
                 return version
-            # one contiguous batch: validation reads it zero-copy and Parquet writes it fastest
-            batch = combine_in_parts(p.tables) if p.tables else EVENTS_SCHEMA.empty_table()
-            result = validate(batch, self._known_seqs(batch))
-            if result.reasons:
-                self._dead_rows(p, result.rejected, result.rejected_index, result.reasons)
-            offsets = p.last_offsets if self.config.exactly_once else {}
-            expect = {app_id: self._committed.get(app_id) for app_id in offsets} if offsets else None
-            self._inflight = _CommitThread(self._commit, p, result, offsets, expect)
+            self._inflight = _CommitThread(self._validate_and_commit, p)
             self._inflight.start()
+            self._last_flush = time.monotonic()
             return self._finish_commit() if wait else None
+
+    def _validate_and_commit(self, p: _Pending) -> int:
+        """Validate the batch against what is stored, then commit it (on the commit thread)."""
+        # one contiguous batch: validation reads it zero-copy and Parquet writes it fastest
+        batch = combine_in_parts(p.tables) if p.tables else EVENTS_SCHEMA.empty_table()
+        result = validate(batch, self._known_seqs(batch))
+        if result.reasons:
+            self._dead_rows(p, result.rejected, result.rejected_index, result.reasons)
+        offsets = p.last_offsets if self.config.exactly_once else {}
+        expect = {app_id: self._committed.get(app_id) for app_id in offsets} if offsets else None
+        return self._commit(p, result, offsets, expect)
 
     def committing(self) -> bool:
         """True while a commit started by `flush(wait=False)` is still running."""
@@ -338,7 +345,6 @@ class DeltaSink:
         self.stats.commits += 1
         self.stats.bytes += p.bytes
         self.stats.last_commit_at = time.time()
-        self._last_commit = time.monotonic()
         self.stats.last_version = version
         if self.config.update_projections:
             known = {action.path: result.valid for action in actions}
@@ -362,44 +368,41 @@ class DeltaSink:
         """Stored seqs of the batch's trajectories that did not start in this batch."""
         if not batch.num_rows:
             return {}
-        types = batch.column("event_type").to_pylist()
-        tids = batch.column("trajectory_id").to_pylist()
-        seqs = batch.column("seq").to_pylist()
-        started = {
-            t for t, ty, s in zip(tids, types, seqs, strict=True) if ty == "trajectory_started" and s == 0
-        }
-        wanted = {
-            t for t, ty in zip(tids, types, strict=True) if t and ty in TRAJECTORY_EVENT_TYPES
-        } - started
+        tids, types = batch.column("trajectory_id"), batch.column("event_type")
+        starts = pc.and_(pc.equal(types, "trajectory_started"), pc.equal(batch.column("seq"), 0))
+        started = set(pc.unique(pc.filter(tids, starts)).to_pylist())
+        of_trajectories = pc.is_in(types, value_set=pa.array(sorted(TRAJECTORY_EVENT_TYPES)))
+        wanted = set(pc.unique(pc.filter(tids, of_trajectories)).to_pylist()) - started - {None, ""}
         missing = [t for t in wanted if t not in self._seqs]
         if missing:
             quoted = sql_in_list(missing)
             stored = self.lake.read("events", ["trajectory_id", "seq"], where=f"trajectory_id in ({quoted})")
             for t in missing:
                 self._seqs[t] = set()
-            for t, s in zip(
-                stored.column("trajectory_id").to_pylist(), stored.column("seq").to_pylist(), strict=True
-            ):
-                self._seqs[t].add(s)
+            self._add_seqs(stored)
         return {t: self._seqs[t] for t in wanted if t in self._seqs}
 
     def _remember_seqs(self, valid: pa.Table) -> None:
         limit = self.config.seq_cache_trajectories
         if not limit or not valid.num_rows:
             return
-        for t, s in zip(
-            valid.column("trajectory_id").to_pylist(), valid.column("seq").to_pylist(), strict=True
+        self._add_seqs(valid)
+        while len(self._seqs) > limit:
+            self._seqs.popitem(last=False)
+
+    def _add_seqs(self, rows: pa.Table) -> None:
+        """Add each trajectory's seqs in `rows` to the cache, most recent last."""
+        pairs = rows.select(["trajectory_id", "seq"]).drop_null()
+        grouped = pairs.group_by("trajectory_id", use_threads=False).aggregate([("seq", "list")])
+        for t, seqs in zip(
+            grouped.column("trajectory_id").to_pylist(), grouped.column("seq_list").to_pylist(), strict=True
         ):
-            if t is None or s is None:
-                continue
             seen = self._seqs.get(t)
             if seen is None:
                 seen = self._seqs[t] = set()
             else:
                 self._seqs.move_to_end(t)
-            seen.add(s)
-        while len(self._seqs) > limit:
-            self._seqs.popitem(last=False)
+            seen.update(seqs)
 
     # -- main loop -----------------------------------------------------------------------
     def run(self, until_idle_s: float | None = None, stop_event: threading.Event | None = None) -> SinkStats:

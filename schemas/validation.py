@@ -121,7 +121,7 @@ def validate(table: pa.Table, known_seqs: Mapping[str, set[int]] | None = None) 
     _check_enums(table, reasons)
     if bool(_np_bool(pc.equal(etype, TURN)).any()):
         _check_turns(table, reasons)
-    _check_duplicate_seq(table, types, reasons, known_seqs or {})
+    _check_duplicate_seq(table, reasons, known_seqs or {})
 
     bad_rows = np.zeros(n, dtype=bool)
     bad_rows[list(reasons)] = True
@@ -247,20 +247,36 @@ def _global_parents(col: pa.ChunkedArray) -> np.ndarray:
 
 def _check_duplicate_seq(
     table: pa.Table,
-    types: list[str],
     reasons: dict[int, list[str]],
     known_seqs: Mapping[str, set[int]],
 ) -> None:
-    traj = table.column("trajectory_id").to_pylist()
-    seqs = table.column("seq").to_pylist()
-    seen: dict[str, set[int]] = {}
-    for i, (tid, s, t) in enumerate(zip(traj, seqs, types, strict=True)):
-        if t not in TRAJECTORY_EVENT_TYPES or tid is None or s is None or i in reasons:
-            continue
-        already = seen.setdefault(tid, set())
-        if s in already or s in known_seqs.get(tid, ()):
-            reasons.setdefault(i, []).append(
-                f"seq={s} is a duplicate within trajectory {tid}; each event of a trajectory needs its own seq"
-            )
-        else:
-            already.add(s)
+    """Reject a (trajectory, seq) seen earlier in the batch or already stored; the first one wins."""
+    tid_col, seq_col = table.column("trajectory_id"), table.column("seq")
+    eligible = (
+        _np_bool(pc.is_in(table.column("event_type"), value_set=pa.array(sorted(TRAJECTORY_EVENT_TYPES))))
+        & _np_bool(pc.is_valid(tid_col))
+        & _np_bool(pc.is_valid(seq_col))
+    )
+    if reasons:  # rows rejected already neither count as a first occurrence nor get a second reason
+        eligible[list(reasons)] = False
+    rows = np.flatnonzero(eligible)
+    if not rows.size:
+        return
+    encoded = pc.dictionary_encode(tid_col.take(pa.array(rows))).combine_chunks()
+    codes = encoded.indices.to_numpy()
+    names = encoded.dictionary.to_pylist()
+    seqs = seq_col.take(pa.array(rows)).to_numpy()
+    order = np.lexsort((np.arange(rows.size), seqs, codes))  # by trajectory, seq, then arrival
+    repeat = np.zeros(rows.size, dtype=bool)
+    sorted_codes, sorted_seqs = codes[order], seqs[order]
+    repeat[order[1:]] = (sorted_codes[1:] == sorted_codes[:-1]) & (sorted_seqs[1:] == sorted_seqs[:-1])
+    if known_seqs:
+        known_codes = [code for code, name in enumerate(names) if known_seqs.get(name)]
+        for j in np.flatnonzero(np.isin(codes, known_codes)):
+            if int(seqs[j]) in known_seqs[names[codes[j]]]:
+                repeat[j] = True
+    for j in np.flatnonzero(repeat):
+        reasons.setdefault(int(rows[j]), []).append(
+            f"seq={int(seqs[j])} is a duplicate within trajectory {names[codes[j]]}; "
+            "each event of a trajectory needs its own seq"
+        )

@@ -28,6 +28,16 @@ def test_a_burst_is_committed_as_soon_as_it_is_read(lake, bus) -> None:
     assert count(lake) == 40
 
 
+def test_a_backlog_is_written_while_it_is_still_being_read(lake, bus) -> None:
+    for i in range(40):
+        bus.publish(trajectory(f"t{i}"))
+    sink = DeltaSink(lake, bus, SinkConfig(poll_max_messages=10, min_flush_bytes=1024, max_latency_s=60))
+    sink.poll_once()  # 10 of 40 messages: the bus still holds more
+    assert sink.should_flush()  # the commit thread is free and a file's worth is buffered
+    sink.run(until_idle_s=0)
+    assert count(lake) == 80 and sink.stats.commits >= 2
+
+
 def test_flushes_without_waiting_commit_in_the_background_in_order(lake, bus) -> None:
     sink = DeltaSink(lake, bus, SinkConfig(min_commit_interval_s=0))
     for i in range(5):
