@@ -392,9 +392,19 @@ class KafkaBus(Bus):
         return out
 
     def close(self) -> None:
-        """Flush what can be delivered quickly, leave the rest in the spool, and close clients."""
+        """Flush what can be delivered quickly, leave the rest in the spool, and close clients.
+
+        A configuration error met while flushing (refused credentials) is raised after
+        everything is closed; the undelivered messages stay in the spool.
+        """
+        try:
+            if self._producer is not None:
+                self.flush(timeout_s=5.0)
+        finally:
+            self._close_clients()
+
+    def _close_clients(self) -> None:
         if self._producer is not None:
-            self.flush(timeout_s=5.0)
             self._producer.close(timeout=5)
             self._producer = None
         if self._consumer is not None:
