@@ -14,26 +14,24 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 from trajlake.ingest import codec
 from trajlake.ingest.bus.base import Bus, Message, SourcePosition
 from trajlake.ingest.chunking import ChunkAssembler
-from trajlake.schemas.events import EVENTS_SCHEMA, TRAJECTORY_EVENT_TYPES
+from trajlake.ingest.seqs import SeqCache
+from trajlake.schemas.events import EVENTS_SCHEMA
 from trajlake.schemas.tables import DEAD_LETTERS_SCHEMA
 from trajlake.schemas.validation import validate
 from trajlake.store import projections
 from trajlake.store.errors import TxnFenced
 from trajlake.store.lake import Lake, combine_in_parts
-from trajlake.store.sql import sql_in_list
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +107,7 @@ class DeltaSink:
         self.stats = SinkStats()
         self._pending = _Pending()
         self._idle = False
-        self._seqs: OrderedDict[str, set[int]] = OrderedDict()
+        self._seqs = SeqCache(lake, self.config.seq_cache_trajectories)
         self._dead_positions: dict[str, int] = {}
         self._resumed: set[tuple[str, int]] = set()
         self._committed: dict[str, int | None] = {}  # app id -> offset in the Delta log we build on
@@ -294,7 +292,7 @@ class DeltaSink:
         """Validate the batch against what is stored, then commit it (on the commit thread)."""
         # one contiguous batch: validation reads it zero-copy and Parquet writes it fastest
         batch = combine_in_parts(p.tables) if p.tables else EVENTS_SCHEMA.empty_table()
-        result = validate(batch, self._known_seqs(batch))
+        result = validate(batch, self._seqs.known(batch))
         if result.reasons:
             self._dead_rows(p, result.rejected, result.rejected_index, result.reasons)
         offsets = p.last_offsets if self.config.exactly_once else {}
@@ -340,7 +338,7 @@ class DeltaSink:
         self._committed.update(offsets)
         if hasattr(self.bus, "commit_offsets") and offsets:
             self.bus.commit_offsets({int(a.rsplit(":", 1)[1]): o + 1 for a, o in offsets.items()})
-        self._remember_seqs(result.valid)
+        self._seqs.remember(result.valid)
         self.stats.events += result.valid.num_rows
         self.stats.commits += 1
         self.stats.bytes += p.bytes
@@ -363,46 +361,6 @@ class DeltaSink:
                 else codec.encode_json([{k: v for k, v in one.to_pylist()[0].items() if v is not None}])
             )
             self._dead(pos, key, content_type, raw, reason, one.to_pylist()[0], into=p)
-
-    def _known_seqs(self, batch: pa.Table) -> dict[str, set[int]]:
-        """Stored seqs of the batch's trajectories that did not start in this batch."""
-        if not batch.num_rows:
-            return {}
-        tids, types = batch.column("trajectory_id"), batch.column("event_type")
-        starts = pc.and_(pc.equal(types, "trajectory_started"), pc.equal(batch.column("seq"), 0))
-        started = set(pc.unique(pc.filter(tids, starts)).to_pylist())
-        of_trajectories = pc.is_in(types, value_set=pa.array(sorted(TRAJECTORY_EVENT_TYPES)))
-        wanted = set(pc.unique(pc.filter(tids, of_trajectories)).to_pylist()) - started - {None, ""}
-        missing = [t for t in wanted if t not in self._seqs]
-        if missing:
-            quoted = sql_in_list(missing)
-            stored = self.lake.read("events", ["trajectory_id", "seq"], where=f"trajectory_id in ({quoted})")
-            for t in missing:
-                self._seqs[t] = set()
-            self._add_seqs(stored)
-        return {t: self._seqs[t] for t in wanted if t in self._seqs}
-
-    def _remember_seqs(self, valid: pa.Table) -> None:
-        limit = self.config.seq_cache_trajectories
-        if not limit or not valid.num_rows:
-            return
-        self._add_seqs(valid)
-        while len(self._seqs) > limit:
-            self._seqs.popitem(last=False)
-
-    def _add_seqs(self, rows: pa.Table) -> None:
-        """Add each trajectory's seqs in `rows` to the cache, most recent last."""
-        pairs = rows.select(["trajectory_id", "seq"]).drop_null()
-        grouped = pairs.group_by("trajectory_id", use_threads=False).aggregate([("seq", "list")])
-        for t, seqs in zip(
-            grouped.column("trajectory_id").to_pylist(), grouped.column("seq_list").to_pylist(), strict=True
-        ):
-            seen = self._seqs.get(t)
-            if seen is None:
-                seen = self._seqs[t] = set()
-            else:
-                self._seqs.move_to_end(t)
-            seen.update(seqs)
 
     # -- main loop -----------------------------------------------------------------------
     def run(self, until_idle_s: float | None = None, stop_event: threading.Event | None = None) -> SinkStats:

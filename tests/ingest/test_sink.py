@@ -86,3 +86,15 @@ def test_a_fenced_off_sink_drops_its_buffer_and_resumes_from_the_delta_log(lake)
     stale.run(until_idle_s=0)  # resumed after the owner's offsets: only the new message
     assert count(lake) == 22
     assert not lake.exists("dead_letters")  # nothing was even offered twice
+
+
+def test_a_duplicate_is_caught_after_its_trajectory_left_the_seq_cache(lake, bus) -> None:
+    sink = DeltaSink(lake, bus, SinkConfig(seq_cache_trajectories=1))
+    for tid in ("a", "b"):  # the cache holds one trajectory: "a" is forgotten, read back later
+        bus.publish(trajectory(tid))
+        sink.run(until_idle_s=0)
+    bus.publish([turn_event(trajectory_id="a", seq=1, turn_index=1)])
+    sink.run(until_idle_s=0)
+    assert count(lake) == 4
+    (dead,) = lake.sql("select reason from dead_letters").to_pylist()
+    assert "seq=1 is a duplicate within trajectory a" in dead["reason"]
