@@ -9,11 +9,9 @@ are committed first, with their own offsets, and skipped on replay when already 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from trajlake.ingest import codec
 from trajlake.ingest.bus.base import Bus, Message, SourcePosition
 from trajlake.ingest.chunking import ChunkAssembler
+from trajlake.ingest.dead_letters import dead_letter, dead_letters_table, raw_event, raw_json
 from trajlake.ingest.seqs import SeqCache
 from trajlake.schemas.events import EVENTS_SCHEMA
-from trajlake.schemas.tables import DEAD_LETTERS_SCHEMA
 from trajlake.schemas.validation import validate
 from trajlake.store import projections
 from trajlake.store.errors import TxnFenced
@@ -223,51 +221,18 @@ class DeltaSink:
             self._dead(pos, message.key, content_type, message.value, str(err))
             return
         for raw, reason in bad:
-            raw_bytes = json.dumps(raw, default=str).encode() if not isinstance(raw, bytes) else raw
-            self._dead(
-                pos,
-                message.key,
-                codec.JSON_CONTENT_TYPE,
-                raw_bytes,
-                reason,
-                raw if isinstance(raw, dict) else None,
-            )
+            event = raw if isinstance(raw, dict) else None
+            self._dead(pos, message.key, codec.JSON_CONTENT_TYPE, raw_json(raw), reason, event)
         if table.num_rows:
             p.tables.append(table)
             p.origins.append((pos, content_type, message.key))
             p.rows += table.num_rows
 
-    def _dead(
-        self,
-        pos: SourcePosition | None,
-        key: str | None,
-        content_type: str,
-        raw: bytes,
-        reason: str,
-        event: dict[str, Any] | None = None,
-        into: _Pending | None = None,
-    ) -> None:
+    def _dead(self, pos: SourcePosition | None, *letter: Any, into: _Pending | None = None) -> None:
+        """Buffer `dead_letter(pos, *letter)`, unless an earlier run stored it before it crashed."""
         if pos is not None and pos.offset <= self._dead_positions.get(pos.app_id, -1):
-            return  # stored by an earlier run before it crashed
-        event = event or {}
-        (into or self._pending).dead.append(
-            {
-                "dead_letter_id": str(uuid.uuid4()),
-                "received_at": time.time(),
-                "source": str(pos) if pos else "direct",
-                "topic": pos.topic if pos else None,
-                "partition": pos.partition if pos else None,
-                "offset": pos.offset if pos else None,
-                "key": key,
-                "content_type": content_type,
-                "raw": raw,
-                "reason": reason,
-                "event_id": _str_or_none(event.get("event_id")),
-                "event_type": _str_or_none(event.get("event_type")),
-                "run_id": _str_or_none(event.get("run_id")),
-                "trajectory_id": _str_or_none(event.get("trajectory_id")),
-            }
-        )
+            return
+        (into or self._pending).dead.append(dead_letter(pos, *letter))
 
     # -- committing ----------------------------------------------------------------------
     def flush(self, wait: bool = True) -> int | None:
@@ -328,7 +293,7 @@ class DeltaSink:
         if p.dead:
             if expect:
                 self.lake.check_txns("events", expect)
-            dead = _dead_table(p.dead)
+            dead = dead_letters_table(p.dead)
             self.lake.append("dead_letters", dead, offsets)
             self.stats.dead_letters += len(p.dead)
             for app_id, offset in offsets.items():
@@ -355,11 +320,7 @@ class DeltaSink:
             which = int(np.searchsorted(starts, i, side="right") - 1)
             pos, content_type, key = p.origins[which]
             one = rejected.slice(row, 1)
-            raw = (
-                codec.encode_arrow(one)
-                if content_type == codec.ARROW_CONTENT_TYPE
-                else codec.encode_json([{k: v for k, v in one.to_pylist()[0].items() if v is not None}])
-            )
+            raw = raw_event(one, content_type)
             self._dead(pos, key, content_type, raw, reason, one.to_pylist()[0], into=p)
 
     # -- main loop -----------------------------------------------------------------------
@@ -393,16 +354,3 @@ class _CommitThread(threading.Thread):
             self.version = commit(*args)
         except BaseException as err:  # handed to the consuming thread, which decides
             self.error = err
-
-
-def _str_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _dead_table(rows: list[dict[str, Any]]) -> pa.Table:
-    import datetime as dt
-
-    for row in rows:
-        if isinstance(row["received_at"], float):
-            row["received_at"] = dt.datetime.fromtimestamp(row["received_at"], dt.UTC)
-    return pa.Table.from_pylist(rows, schema=DEAD_LETTERS_SCHEMA)
