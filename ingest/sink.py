@@ -114,6 +114,8 @@ class DeltaSink:
         self._lock = threading.RLock()
         self._inflight: _CommitThread | None = None
         self._last_flush = 0.0
+        self._advisory: dict[int, int] = {}  # partition -> next offset, committed to Delta
+        self._advisory_lock = threading.Lock()
         if hasattr(bus, "on_assigned"):  # a consumer group (Kafka): partitions move between sinks
             bus.on_assigned = self._on_assigned
             bus.on_revoked = self._on_revoked
@@ -178,6 +180,7 @@ class DeltaSink:
 
     def poll_once(self) -> int:
         """Poll the bus once and buffer what arrives; return the number of messages."""
+        self._send_advisory_offsets()
         # while a commit runs, look back soon: the buffer may be flushed once it lands
         timeout = min(self.config.poll_timeout_s, 0.01) if self.committing() else self.config.poll_timeout_s
         messages = self.bus.poll(self.config.poll_max_messages, timeout)
@@ -191,6 +194,14 @@ class DeltaSink:
             else:
                 self.add_rejected(released.message, released.reason)
         return len(messages)
+
+    def _send_advisory_offsets(self) -> None:
+        """Tell the bus how far the sink committed (Kafka lag tools read it; resuming never does)."""
+        if not self._advisory or not hasattr(self.bus, "commit_offsets"):
+            return
+        with self._advisory_lock:
+            offsets, self._advisory = self._advisory, {}
+        self.bus.commit_offsets(offsets)
 
     def _account(self, message: Message) -> None:
         """Count a message into the buffer and advance its partition's offset."""
@@ -274,6 +285,7 @@ class DeltaSink:
         if job is None:
             return None
         job.join()
+        self._send_advisory_offsets()
         if isinstance(job.error, TxnFenced):
             # another sink owns these partitions now (we stalled past a rebalance): what we
             # buffered is theirs to commit, including what arrived since; continue from the Delta log
@@ -301,8 +313,9 @@ class DeltaSink:
         actions = self.lake.write_files("events", result.valid)
         version = self.lake.commit("events", actions, offsets, expect_txns=expect)
         self._committed.update(offsets)
-        if hasattr(self.bus, "commit_offsets") and offsets:
-            self.bus.commit_offsets({int(a.rsplit(":", 1)[1]): o + 1 for a, o in offsets.items()})
+        if offsets:  # told to Kafka by the consuming thread: the consumer is not thread-safe
+            with self._advisory_lock:
+                self._advisory.update({int(a.rsplit(":", 1)[1]): o + 1 for a, o in offsets.items()})
         self._seqs.remember(result.valid)
         self.stats.events += result.valid.num_rows
         self.stats.commits += 1

@@ -89,3 +89,30 @@ def test_four_producers_and_two_sinks_store_100k_events_once(
         assert sum(stored_by_sink) == produced
     finally:
         lake.close()
+
+
+def test_kafka_is_told_how_far_the_sink_committed(lake: Lake, kafka_topic: KafkaConfig) -> None:
+    """Lag tools read the group's offsets in Kafka; the sink sets them after each Delta commit."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from trajlake.ingest.bus.base import SourcePosition
+
+    produce(kafka_topic, 20)
+    bus = KafkaBus(kafka_topic)
+    try:
+        DeltaSink(lake, bus, SinkConfig(max_latency_s=0.2)).run(until_idle_s=1.0)
+    finally:
+        bus.close()
+    in_delta = {
+        p: lake.txn_version("events", SourcePosition(kafka_topic.topic, p, 0).app_id)
+        for p in range(kafka_topic.partitions)
+    }
+    reader = KafkaConsumer(
+        **kafka_topic.client_kwargs(), group_id=kafka_topic.group_id, enable_auto_commit=False
+    )
+    try:
+        in_kafka = {p: reader.committed(TopicPartition(kafka_topic.topic, p)) for p in in_delta}
+    finally:
+        reader.close()
+    assert any(v is not None for v in in_delta.values())
+    assert in_kafka == {p: None if v is None else v + 1 for p, v in in_delta.items()}
