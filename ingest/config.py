@@ -82,7 +82,7 @@ class KafkaConfig(BaseModel):
     ssl_check_hostname: bool = Field(True, description="verify the broker's hostname against its certificate")
 
     @model_validator(mode="after")
-    def _check_security(self) -> KafkaConfig:
+    def _check_settings(self) -> KafkaConfig:
         problems = []
         sasl = self.security_protocol.startswith("SASL")
         if sasl and self.sasl_mechanism is None:
@@ -106,6 +106,12 @@ class KafkaConfig(BaseModel):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 problems.append(f"{name} {path} does not exist (TRAJLAKE_KAFKA_{name.upper()})")
+        if self.batch_bytes > self.max_message_bytes:
+            # kafka-python cannot send a batch over its request size; it fails with "Future not done"
+            problems.append(
+                f"batch_bytes ({self.batch_bytes}) must not exceed max_message_bytes ({self.max_message_bytes}); "
+                "lower TRAJLAKE_KAFKA_BATCH_BYTES or raise TRAJLAKE_KAFKA_MAX_MESSAGE_BYTES with the broker's limit"
+            )
         if self.delivery_timeout_s * 1000 < self.linger_ms + 1000:
             problems.append(
                 "delivery_timeout_s must exceed linger_ms + 1 s (TRAJLAKE_KAFKA_DELIVERY_TIMEOUT_S)"

@@ -58,6 +58,12 @@ def test_incomplete_security_settings_name_the_fix() -> None:
         KafkaConfig(unknown_option=1)  # type: ignore[call-arg]
 
 
+def test_a_producer_batch_larger_than_a_message_names_the_fix() -> None:
+    with pytest.raises(ValidationError, match="lower TRAJLAKE_KAFKA_BATCH_BYTES"):
+        KafkaConfig(batch_bytes=2 << 20)  # kafka-python would fail at flush with "Future not done"
+    assert KafkaConfig(batch_bytes=2 << 20, max_message_bytes=4 << 20).batch_bytes == 2 << 20
+
+
 def test_setup_bus_builds_the_backend_named_by_its_type() -> None:
     assert isinstance(setup_bus("inprocess"), InProcessBus)
     bus = setup_bus("kafka", bootstrap="127.0.0.1:1", topic="events", wire_format="json")
