@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,21 @@ def test_kafka_is_told_how_far_the_sink_committed(lake: Lake, kafka_topic: Kafka
         reader.close()
     assert any(v is not None for v in in_delta.values())
     assert in_kafka == {p: None if v is None else v + 1 for p, v in in_delta.items()}
+
+
+def test_a_burst_is_committed_as_soon_as_the_sink_has_read_it(lake: Lake, kafka_topic: KafkaConfig) -> None:
+    """Once the consumer reaches the high watermark the sink flushes, without waiting for a quiet poll."""
+    produced = produce(kafka_topic, 20)
+    bus = KafkaBus(kafka_topic)
+    try:
+        sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=60, min_commit_interval_s=0))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = sink.poll_once()
+            if got and not sum(bus.lag().values()):
+                break  # this poll brought the last messages: the input never went quiet
+        assert bus.caught_up() and sink.should_flush()
+        sink.flush()
+    finally:
+        bus.close()
+    assert counts(lake) == (produced, produced)
