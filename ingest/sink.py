@@ -145,19 +145,21 @@ class DeltaSink:
     def _on_assigned(self, partitions: list[int]) -> None:
         """A rebalance gave this sink `partitions`: continue each from the Delta log."""
         if self.config.exactly_once:
-            self.resume(partitions)
+            with self._lock:
+                self.resume(partitions)
 
     def _on_revoked(self, partitions: list[int]) -> None:
         """A rebalance takes `partitions` away: commit what is buffered while they are still ours."""
-        self.flush()
-        for partition in partitions:
-            self._assembler.reset(partition)
+        with self._lock:
+            self.flush()
+            for partition in partitions:
+                self._assembler.reset(partition)
 
     def _on_lost(self, partitions: list[int]) -> None:
         """The group dropped this sink (it stalled): others own the partitions, so drop the buffer."""
         with self._lock:
             self._pending = _Pending()
-        self._assembler.reset()
+            self._assembler.reset()
 
     # -- consuming -----------------------------------------------------------------------
     def should_flush(self) -> bool:
@@ -186,13 +188,16 @@ class DeltaSink:
         messages = self.bus.poll(self.config.poll_max_messages, timeout)
         # idle: nothing new arrived, or the bus has handed over everything it has
         self._idle = not messages or self.bus.caught_up()
-        # chunks of an oversized message are reassembled first; later messages of their
-        # partition wait, so committed offsets never pass the first chunk of a partial set
-        for released in self._assembler.feed(messages):
-            if released.reason is None:
-                self.add(released.message)
-            else:
-                self.add_rejected(released.message, released.reason)
+        # kafka-python runs rebalance callbacks (a flush, a resume) on its own IO thread, maybe
+        # while this thread buffers: the lock keeps a batch from changing while it is committed
+        with self._lock:
+            # chunks of an oversized message are reassembled first; later messages of their
+            # partition wait, so committed offsets never pass the first chunk of a partial set
+            for released in self._assembler.feed(messages):
+                if released.reason is None:
+                    self.add(released.message)
+                else:
+                    self.add_rejected(released.message, released.reason)
         return len(messages)
 
     def _send_advisory_offsets(self) -> None:

@@ -341,15 +341,20 @@ class KafkaBus(Bus):
 
     def caught_up(self) -> bool:
         """True when every assigned partition's position has reached the high watermark of its last fetch."""
+        from kafka.errors import IllegalStateError
+
         consumer = self._consumer
         if consumer is None:
             return False
-        tps = [tp for tp in consumer.assignment() if tp.topic == self.topic]
-        for tp in tps:
-            end = consumer.highwater(tp)
-            position = consumer.position(tp, timeout_ms=0) if end is not None else None
-            if position is None or position < end:
-                return False
+        try:
+            tps = [tp for tp in consumer.assignment() if tp.topic == self.topic]
+            for tp in tps:
+                end = consumer.highwater(tp)
+                position = consumer.position(tp, timeout_ms=0) if end is not None else None
+                if position is None or position < end:
+                    return False
+        except IllegalStateError:  # a rebalance (on kafka-python's IO thread) just took a partition away
+            return False
         return bool(tps)
 
     def seek(self, partition: int, offset: int) -> None:
