@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.kafka import wait_for_split
 from trajlake.ingest.bus.kafka import KafkaBus
 from trajlake.ingest.config import KafkaConfig
 from trajlake.ingest.sink import DeltaSink, SinkConfig
@@ -53,10 +54,11 @@ def test_four_producers_and_two_sinks_store_100k_events_once(
     kafka = ("--kafka", kafka_topic.bootstrap, "--topic", kafka_topic.topic)
     sinks = [
         trajlake_cli(
-            "ingest", *kafka, "--group", kafka_topic.group_id, "--lake", str(lake_dir), "--until-idle", "8"
+            "ingest", *kafka, "--group", kafka_topic.group_id, "--lake", str(lake_dir), "--until-idle", "15"
         )
         for _ in range(2)
     ]
+    wait_for_split(sinks)  # else one sink may drain the topic before the other has joined
     producers = [
         trajlake_cli(
             "loadgen",
