@@ -71,13 +71,12 @@ def validate(table: pa.Table, known_seqs: Mapping[str, set[int]] | None = None) 
     n = table.num_rows
     reasons: dict[int, list[str]] = {}
     etype = table.column("event_type")
-    types = etype.to_pylist()
 
     unknown = ~_np_bool(pc.is_in(etype, value_set=pa.array(EVENT_TYPES)))
     _add(
         reasons,
         np.flatnonzero(unknown),
-        lambda i: f"event_type={types[i]!r} is unknown; use one of {', '.join(EVENT_TYPES)}",
+        lambda i: f"event_type={etype[i].as_py()!r} is unknown; use one of {', '.join(EVENT_TYPES)}",
     )
     versions = table.column("schema_version")
     bad_version = ~_np_bool(
