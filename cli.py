@@ -33,6 +33,23 @@ def env_default(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"TRAJLAKE_{name}", default)
 
 
+def env_int(name: str) -> int | None:
+    """`TRAJLAKE_<NAME>` as an int, None when unset or empty."""
+    value = env_default(name)
+    return int(value) if value else None
+
+
+def env_float(name: str) -> float | None:
+    """`TRAJLAKE_<NAME>` as a float, None when unset or empty."""
+    value = env_default(name)
+    return float(value) if value else None
+
+
+def add_kafka_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """`--kafka HOST:PORT` (env TRAJLAKE_KAFKA): the bootstrap servers; `help` says what it switches."""
+    parser.add_argument("--kafka", default=env_default("KAFKA"), metavar="HOST:PORT", help=help)
+
+
 def add_lake_option(parser: argparse.ArgumentParser) -> None:
     """`--lake D` (env TRAJLAKE_LAKE, default ./trajlake-data)."""
     parser.add_argument(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trajlake.cli import CliError, add_lake_option, env_default
+from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default
 
 
 def _bool_env(name: str, default: bool) -> bool:
@@ -27,11 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=int(env_default("STEPS", "40") or 40),
         help="trainer steps = policy versions (env TRAJLAKE_STEPS; default %(default)s)",
     )
-    p.add_argument(
-        "--kafka",
-        default=env_default("KAFKA"),
-        metavar="HOST:PORT",
-        help="use the Kafka broker at HOST:PORT instead of the in-process bus (env TRAJLAKE_KAFKA)",
+    add_kafka_option(
+        p, "use the Kafka broker at HOST:PORT instead of the in-process bus (env TRAJLAKE_KAFKA)"
     )
     p.add_argument(
         "--topic",

@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from trajlake.cli import CliError, add_lake_option, env_default
+from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default, env_float, env_int
 
 DEFAULT_BROKER_DIR = "./trajlake-kafka"
 
@@ -47,12 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("ingest", help="the exactly-once sink: Kafka topic -> Delta lake")
     add_lake_option(p)
-    p.add_argument(
-        "--kafka",
-        default=env_default("KAFKA"),
-        metavar="HOST:PORT",
-        help="bootstrap servers (env TRAJLAKE_KAFKA; required)",
-    )
+    add_kafka_option(p, "bootstrap servers (env TRAJLAKE_KAFKA; required)")
     p.add_argument(
         "--topic",
         default=env_default("TOPIC", "trajlake-events"),
@@ -66,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--until-idle",
         type=float,
-        default=_float_env("UNTIL_IDLE"),
+        default=env_float("UNTIL_IDLE"),
         metavar="S",
         help="exit after S seconds without new messages (env TRAJLAKE_UNTIL_IDLE; default: run until SIGTERM)",
     )
@@ -79,14 +74,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-latency",
         type=float,
-        default=_float_env("MAX_LATENCY") or 1.0,
+        default=env_float("MAX_LATENCY") or 1.0,
         metavar="S",
         help="flush at least every S seconds (env TRAJLAKE_MAX_LATENCY; default %(default)s)",
     )
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=_int_env("METRICS_PORT"),
+        default=env_int("METRICS_PORT"),
         help="serve Prometheus metrics on this port (env TRAJLAKE_METRICS_PORT; 0 = any free port; default off)",
     )
     p.add_argument(
@@ -97,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--log-interval",
         type=float,
-        default=_float_env("LOG_INTERVAL") or 10.0,
+        default=env_float("LOG_INTERVAL") or 10.0,
         metavar="S",
         help="seconds between progress log lines (env TRAJLAKE_LOG_INTERVAL; default %(default)s)",
     )
@@ -121,16 +116,6 @@ def _data_dir_option(parser: argparse.ArgumentParser) -> None:
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 2
-
-
-def _float_env(name: str) -> float | None:
-    value = env_default(name)
-    return float(value) if value else None
-
-
-def _int_env(name: str) -> int | None:
-    value = env_default(name)
-    return int(value) if value else None
 
 
 def run_kafka_up(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from trajlake.cli import CliError, add_lake_option, env_default
+from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default, env_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,8 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trajectories",
         type=int,
-        default=_int_env("TRAJECTORIES"),
-        required=_int_env("TRAJECTORIES") is None,
+        default=env_int("TRAJECTORIES"),
+        required=env_int("TRAJECTORIES") is None,
         help="number of trajectories (env TRAJLAKE_TRAJECTORIES)",
     )
     for name, kind, default, text in (
@@ -78,22 +78,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             default=kind(env_default(env, str(default))),
             help=f"{text} (env TRAJLAKE_{env}; default %(default)s)",
         )
-    p.add_argument(
-        "--kafka",
-        default=env_default("KAFKA"),
-        metavar="HOST:PORT",
-        help="produce to Apache Kafka instead of the in-process bus (env TRAJLAKE_KAFKA)",
-    )
+    add_kafka_option(p, "produce to Apache Kafka instead of the in-process bus (env TRAJLAKE_KAFKA)")
     p.add_argument(
         "--topic", default=env_default("TOPIC", "trajlake-events"), help="Kafka topic (env TRAJLAKE_TOPIC)"
     )
     p.add_argument("--json", action="store_true", help="print the counts produced as JSON")
     p.set_defaults(handler=run_loadgen)
-
-
-def _int_env(name: str) -> int | None:
-    value = env_default(name)
-    return int(value) if value else None
 
 
 def run_sql(args: argparse.Namespace) -> int:
