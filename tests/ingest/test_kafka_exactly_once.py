@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.kafka import wait_for_split
+from tests.fixtures.kafka import events_produced, start_producers, wait_for_split
 from trajlake.ingest.bus.kafka import KafkaBus
 from trajlake.ingest.config import KafkaConfig
 from trajlake.ingest.sink import DeltaSink, SinkConfig
@@ -16,8 +16,6 @@ from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.store.lake import Lake
 
 pytestmark = pytest.mark.integration
-
-SMALL = ("--prompt-tokens", "4", "--output-tokens", "4", "--env-tokens", "2")
 
 
 def counts(lake: Lake) -> tuple[int, int]:
@@ -59,26 +57,8 @@ def test_four_producers_and_two_sinks_store_100k_events_once(
         for _ in range(2)
     ]
     wait_for_split(sinks)  # else one sink may drain the topic before the other has joined
-    producers = [
-        trajlake_cli(
-            "loadgen",
-            *kafka,
-            "--json",
-            "--run-id",
-            f"p{i}",
-            "--seed",
-            str(i),
-            "--trajectories",
-            "1530",
-            *SMALL,
-        )
-        for i in range(4)
-    ]
-    produced = 0
-    for proc in producers:
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, out
-        produced += json.loads(out.strip().splitlines()[-1])["events"]
+    producers = start_producers(trajlake_cli, kafka, 4, 1530)
+    produced = events_produced(producers)
     assert produced >= 100_000
     stored_by_sink = []
     for proc in sinks:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import time
@@ -10,15 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.kafka import wait_for_log
+from tests.fixtures.kafka import events_produced, start_producers, wait_for_log
 from trajlake.ingest.broker import BrokerConfig, free_port, kill_broker, start_broker, stop_broker
 from trajlake.ingest.bus.kafka import create_topic
 from trajlake.ingest.config import KafkaConfig
 from trajlake.store.lake import Lake
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-SMALL = ("--prompt-tokens", "4", "--output-tokens", "4", "--env-tokens", "2")
 
 
 @pytest.fixture
@@ -50,21 +47,7 @@ def test_sigkilled_sinks_and_a_restarted_broker_lose_and_duplicate_nothing(
     create_topic(topic)
     lake_dir = tmp_path / "lake"
     kafka = ("--kafka", bootstrap, "--topic", topic.topic)
-    producers = [
-        trajlake_cli(
-            "loadgen",
-            *kafka,
-            "--json",
-            "--run-id",
-            f"p{i}",
-            "--seed",
-            str(i),
-            "--trajectories",
-            "6150",
-            *SMALL,
-        )
-        for i in range(2)
-    ]
+    producers = start_producers(trajlake_cli, kafka, 2, 6150)
     # mid-stream: both producers are writing when the broker dies; they must hold on and deliver
     while messages_in(topic) < 300:
         assert all(p.poll() is None for p in producers), "a producer ended before the broker was killed"
@@ -84,11 +67,7 @@ def test_sigkilled_sinks_and_a_restarted_broker_lose_and_duplicate_nothing(
         sink.send_signal(signal.SIGKILL)
         sink.wait()
 
-    produced = 0
-    for proc in producers:
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, out
-        produced += json.loads(out.strip().splitlines()[-1])["events"]
+    produced = events_produced(producers)
     assert produced >= 200_000
     final = trajlake_cli(*sink_args, "--until-idle", "5", env=sink_env)
     out, _ = final.communicate(timeout=300)
