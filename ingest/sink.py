@@ -107,7 +107,6 @@ class DeltaSink:
         self._idle = False
         self._seqs = SeqCache(lake, self.config.seq_cache_trajectories)
         self._dead_positions: dict[str, int] = {}
-        self._resumed: set[tuple[str, int]] = set()
         self._committed: dict[str, int | None] = {}  # app id -> offset in the Delta log we build on
         self._assembler = ChunkAssembler(self.config.chunk_max_gap)
         self._decoder = codec.Decoder()
@@ -140,7 +139,6 @@ class DeltaSink:
             # no stored offset: start at the beginning, never at an offset Kafka remembers
             self.bus.seek(partition, stored + 1 if stored is not None else 0)
             self._assembler.reset(partition)
-            self._resumed.add((self.bus.topic, partition))
 
     def _on_assigned(self, partitions: list[int]) -> None:
         """A rebalance gave this sink `partitions`: continue each from the Delta log."""
