@@ -62,7 +62,9 @@ class KafkaConfig(BaseModel):
     retry_interval_s: float = Field(1.0, gt=0, description="how often to retry delivering spooled messages")
     max_poll_records: int = Field(2000, ge=1, description="consumer: records per poll")
     fetch_max_bytes: int = Field(
-        16 * 1024 * 1024, ge=1 << 20, description="consumer: bytes per partition fetch"
+        1 << 20,
+        ge=1 << 20,
+        description="consumer: bytes per partition fetch; larger fetches delay the first record of a backlog",
     )
     session_timeout_s: float = Field(
         10.0, ge=1, description="consumer: group session timeout (a killed sink's partitions move after it)"
