@@ -319,6 +319,11 @@ class KafkaBus(Bus):
                 isolation_level="read_committed",
             )
             self._consumer.subscribe([self.topic], listener=_Listener(self))
+            # Learn the topic's partitions before the first poll joins the group. Otherwise
+            # kafka-python joins with no metadata for the topic, the leader assigns nothing, and
+            # the metadata that arrives next forces a second rebalance; a metadata refresh
+            # landing during that one at times left the sink polling forever with no partitions.
+            self._consumer.partitions_for_topic(self.topic)
         return self._consumer
 
     def poll(self, max_messages: int = 1000, timeout_s: float = 0.1) -> list[Message]:

@@ -1,0 +1,36 @@
+"""A sink joins its consumer group once: every partition in the first assignment, no second rebalance."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from trajlake.ingest.bus.kafka import KafkaBus
+from trajlake.ingest.config import KafkaConfig
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_new_sink_gets_every_partition_in_one_rebalance(kafka_topic: KafkaConfig, caplog) -> None:
+    """Joining before the topic's metadata arrived assigned nothing, then rebalanced again; a
+    metadata refresh during that second rebalance could leave the sink with no partitions."""
+    caplog.set_level(logging.INFO, logger="kafka.coordinator")
+    bus = KafkaBus(kafka_topic)
+    rebalances: list[tuple[str, list[int]]] = []
+    bus.on_assigned = lambda parts: rebalances.append(("assigned", sorted(parts)))
+    bus.on_revoked = lambda parts: rebalances.append(("revoked", sorted(parts)))
+    try:
+        deadline = time.monotonic() + 30
+        while not bus.assigned_partitions() and time.monotonic() < deadline:
+            bus.poll(100, 0.2)
+        settle = time.monotonic() + 3  # kafka-python refreshes the topic's metadata right after joining
+        while time.monotonic() < settle:
+            bus.poll(100, 0.2)
+        assert sorted(bus.assigned_partitions()) == list(range(kafka_topic.partitions))
+        assert rebalances == [("assigned", list(range(kafka_topic.partitions)))]  # close revokes after
+    finally:
+        bus.close()
+    assert caplog.text.count("Successfully joined group") == 1
+    assert "No partition metadata" not in caplog.text
