@@ -288,6 +288,8 @@ class DeltaSink:
         if job is None:
             return None
         job.join()
+        # the consuming thread, or kafka-python's IO thread in a rebalance callback: both may use
+        # the consumer (commit_async only queues work on that IO thread); the commit thread may not
         self._send_advisory_offsets()
         if isinstance(job.error, TxnFenced):
             # another sink owns these partitions now (we stalled past a rebalance): what we
@@ -316,7 +318,7 @@ class DeltaSink:
         actions = self.lake.write_files("events", result.valid)
         version = self.lake.commit("events", actions, offsets, expect_txns=expect)
         self._committed.update(offsets)
-        if offsets:  # told to Kafka by the consuming thread: the consumer is not thread-safe
+        if offsets:  # sent by whoever waits for this commit, never from the commit thread (_finish_commit)
             with self._advisory_lock:
                 self._advisory.update({int(a.rsplit(":", 1)[1]): o + 1 for a, o in offsets.items()})
         self._seqs.remember(result.valid)
