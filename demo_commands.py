@@ -86,6 +86,7 @@ def handle(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from trajlake.demo import DemoConfig, run_demo, summary_json
+    from trajlake.ingest.bus.base import BusUnreachable
 
     try:
         config = DemoConfig(
@@ -105,7 +106,10 @@ def handle(args: argparse.Namespace) -> int:
             f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors()
         )
         raise CliError(f"invalid demo settings: {problems}") from None
-    summary = run_demo(config)
+    try:
+        summary = run_demo(config)
+    except BusUnreachable as err:
+        raise CliError(str(err)) from None
     if args.json_path:
         with open(args.json_path, "w") as fh:
             fh.write(summary_json(summary))

@@ -66,6 +66,9 @@ class KafkaConfig(BaseModel):
         ge=1 << 20,
         description="consumer: bytes per partition fetch; larger fetches delay the first record of a backlog",
     )
+    connect_timeout_s: float = Field(
+        30.0, gt=0, description="consumer and admin: how long to wait for a first broker before failing"
+    )
     session_timeout_s: float = Field(
         10.0, ge=1, description="consumer: group session timeout (a killed sink's partitions move after it)"
     )

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class BusUnreachable(ConnectionError):
+    """The bus's brokers could not be reached in time; the message says how to fix it."""
+
+
 @dataclass(frozen=True)
 class SourcePosition:
     """Where a message came from: topic, partition and offset."""

@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from trajlake.ingest import chunking, codec
-from trajlake.ingest.bus.base import Bus, Message, SourcePosition
+from trajlake.ingest.bus.base import Bus, BusUnreachable, Message, SourcePosition
 from trajlake.ingest.bus.inprocess import group_by_trajectory
 from trajlake.ingest.config import KafkaConfig
 from trajlake.ingest.spool import Spool
@@ -301,30 +302,36 @@ class KafkaBus(Bus):
     # -- consumer ------------------------------------------------------------------------
     def _ensure_consumer(self) -> Any:
         if self._consumer is None:
-            from kafka import KafkaConsumer
-
-            c = self.config
-            self._consumer = KafkaConsumer(
-                **c.client_kwargs(),
-                group_id=c.group_id,
-                group_instance_id=c.group_instance_id,
-                enable_auto_commit=False,  # positions live in the Delta log
-                auto_offset_reset="earliest",
-                max_poll_records=c.max_poll_records,
-                max_partition_fetch_bytes=c.fetch_max_bytes,
-                fetch_max_bytes=max(c.fetch_max_bytes, 52_428_800),
-                session_timeout_ms=int(c.session_timeout_s * 1000),
-                heartbeat_interval_ms=max(500, int(c.session_timeout_s * 1000) // 4),
-                max_poll_interval_ms=300_000,
-                isolation_level="read_committed",
-            )
-            self._consumer.subscribe([self.topic], listener=_Listener(self))
-            # Learn the topic's partitions before the first poll joins the group. Otherwise
-            # kafka-python joins with no metadata for the topic, the leader assigns nothing, and
-            # the metadata that arrives next forces a second rebalance; a metadata refresh
-            # landing during that one at times left the sink polling forever with no partitions.
-            self._consumer.partitions_for_topic(self.topic)
+            with bootstrapping(self.config):
+                self._consumer = self._new_consumer()
         return self._consumer
+
+    def _new_consumer(self) -> Any:
+        from kafka import KafkaConsumer
+
+        c = self.config
+        consumer = KafkaConsumer(
+            **c.client_kwargs(),
+            bootstrap_timeout_ms=int(c.connect_timeout_s * 1000),
+            group_id=c.group_id,
+            group_instance_id=c.group_instance_id,
+            enable_auto_commit=False,  # positions live in the Delta log
+            auto_offset_reset="earliest",
+            max_poll_records=c.max_poll_records,
+            max_partition_fetch_bytes=c.fetch_max_bytes,
+            fetch_max_bytes=max(c.fetch_max_bytes, 52_428_800),
+            session_timeout_ms=int(c.session_timeout_s * 1000),
+            heartbeat_interval_ms=max(500, int(c.session_timeout_s * 1000) // 4),
+            max_poll_interval_ms=300_000,
+            isolation_level="read_committed",
+        )
+        consumer.subscribe([self.topic], listener=_Listener(self))
+        # Learn the topic's partitions before the first poll joins the group. Otherwise
+        # kafka-python joins with no metadata for the topic, the leader assigns nothing, and
+        # the metadata that arrives next forces a second rebalance; a metadata refresh
+        # landing during that one at times left the sink polling forever with no partitions.
+        consumer.partitions_for_topic(self.topic)
+        return consumer
 
     def poll(self, max_messages: int = 1000, timeout_s: float = 0.1) -> list[Message]:
         """Up to `max_messages` messages from the assigned partitions (rebalances happen here)."""
@@ -495,6 +502,23 @@ class _AuthFailureWatch(logging.Handler):
             ) from None
 
 
+@contextmanager
+def bootstrapping(config: KafkaConfig) -> Iterator[None]:
+    """Around a kafka-python consumer's or admin's bootstrap: refused credentials and a cluster that
+    never answered become errors that name the fix, not kafka-python's bare timeout."""
+    from kafka.errors import KafkaTimeoutError
+
+    with _AuthFailureWatch(config):
+        try:
+            yield
+        except KafkaTimeoutError as err:  # kafka-python 3: "Unable to bootstrap from [...]"
+            raise BusUnreachable(
+                f"no Kafka broker answered at {config.bootstrap} within {config.connect_timeout_s:g} s; "
+                "start one with `trajlake kafka up` or point --kafka (TRAJLAKE_KAFKA) at a running cluster "
+                "(TRAJLAKE_KAFKA_CONNECT_TIMEOUT_S waits longer)"
+            ) from err
+
+
 def _raise_if_misconfigured(err: Exception) -> None:
     """A configuration or credentials error is the caller's to fix, not an outage to spool through."""
     from kafka import errors
@@ -547,7 +571,10 @@ def create_topic(config: KafkaConfig, topic: str | None = None, partitions: int 
     from kafka import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(**config.client_kwargs())
+    with bootstrapping(config):
+        admin = KafkaAdminClient(
+            **config.client_kwargs(), bootstrap_timeout_ms=int(config.connect_timeout_s * 1000)
+        )
     try:
         admin.create_topics(
             {

@@ -1,0 +1,74 @@
+"""No broker at the address: the sink, the topic helper and the CLI say so and how to fix it, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trajlake.ingest.broker import free_port
+from trajlake.ingest.bus.base import BusUnreachable
+from trajlake.ingest.bus.kafka import KafkaBus, create_topic
+from trajlake.ingest.config import KafkaConfig
+from trajlake.ingest.sink import DeltaSink
+from trajlake.store.lake import Lake
+
+
+@pytest.fixture
+def nowhere(tmp_path: Path) -> KafkaConfig:
+    """A config whose bootstrap address has nothing listening."""
+    return KafkaConfig(
+        bootstrap=f"127.0.0.1:{free_port()}", topic="t", spool_dir=tmp_path / "spool", connect_timeout_s=1
+    )
+
+
+def test_a_sink_without_a_broker_fails_naming_the_address_and_the_fix(
+    nowhere: KafkaConfig, tmp_path: Path
+) -> None:
+    bus = KafkaBus(nowhere)
+    with pytest.raises(BusUnreachable) as err:
+        DeltaSink(Lake(tmp_path / "lake"), bus)
+    message = str(err.value)
+    assert nowhere.bootstrap in message and "within 1 s" in message
+    assert "trajlake kafka up" in message and "TRAJLAKE_KAFKA_CONNECT_TIMEOUT_S" in message
+    bus.close()
+
+
+def test_creating_a_topic_without_a_broker_fails_the_same_way(nowhere: KafkaConfig) -> None:
+    with pytest.raises(BusUnreachable, match=f"no Kafka broker answered at {nowhere.bootstrap}"):
+        create_topic(nowhere)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ingest", "--topic", "t", "--until-idle", "1"],
+        ["demo", "--steps", "5"],
+    ],
+)
+def test_cli_without_a_broker_is_an_error_not_a_traceback(command: list[str], tmp_path: Path) -> None:
+    bootstrap = f"127.0.0.1:{free_port()}"
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "trajlake"),
+            *command,
+            "--kafka",
+            bootstrap,
+            "--lake",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "TRAJLAKE_KAFKA_CONNECT_TIMEOUT_S": "1",
+            "TRAJLAKE_KAFKA_SPOOL_DIR": str(tmp_path / "spool"),
+        },
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"trajlake {command[0]}: error: no Kafka broker answered at {bootstrap} within 1 s" in out.stderr
+    assert "Traceback" not in out.stderr
