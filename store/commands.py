@@ -245,13 +245,25 @@ def run_loadgen(args: argparse.Namespace) -> int:
         "turns": counts.turns,
         "tokens": counts.tokens,
     }
+    undelivered = getattr(bus, "undelivered", 0)
+    if args.kafka:
+        result["undelivered_messages"] = undelivered
     if args.json:
         print(json.dumps(result))
     else:
         where = f"Kafka topic {args.topic} at {args.kafka}" if args.kafka else args.lake
+        verb, to = ("generated", "for") if undelivered else ("wrote", "to")
         print(
-            f"wrote {counts.events} events, {counts.trajectories} trajectories, {counts.tokens} tokens to {where}"
+            f"{verb} {counts.events} events, {counts.trajectories} trajectories, {counts.tokens} tokens {to} {where}"
         )
+    if undelivered:
+        spool = bus.config.spool_dir / bus.topic  # type: ignore[attr-defined]
+        print(
+            f"trajlake loadgen: {undelivered} messages did not reach Kafka at {args.kafka}; they wait in "
+            f"{spool}, and the next producer of topic {bus.topic} delivers them",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -58,6 +58,7 @@ class KafkaBus(Bus):
         self._last_retry = 0.0
         self._retry_delay = config.retry_interval_s
         self._outage_since: float | None = None
+        self.undelivered = 0  # messages `close` left in the disk spool
         self.on_assigned: PartitionCallback | None = None
         self.on_revoked: PartitionCallback | None = None
         self.on_lost: PartitionCallback | None = None
@@ -270,6 +271,13 @@ class KafkaBus(Bus):
         self._ensure_spool()  # also adopts what a dead producer left on disk
         if self._producer is not None:
             self._producer.flush(timeout=timeout_s)
+        if self._spool is not None and len(self._spool) and timeout_s > 0:
+            log.warning(
+                "waiting up to %.0f s for Kafka at %s to take %d spooled messages (TRAJLAKE_KAFKA_DELIVERY_TIMEOUT_S)",
+                timeout_s,
+                self.config.bootstrap,
+                len(self._spool),
+            )
         while self._spool is not None and len(self._spool):
             if time.monotonic() >= deadline:
                 log.warning(
@@ -428,6 +436,7 @@ class KafkaBus(Bus):
             self._consumer.close(autocommit=False)
             self._consumer = None
         if self._spool is not None:
+            self.undelivered = len(self._spool)
             if len(self._spool):
                 log.warning(
                     "%d messages left undelivered in %s; the next producer delivers them",

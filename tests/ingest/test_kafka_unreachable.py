@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,22 @@ def test_creating_a_topic_without_a_broker_fails_the_same_way(nowhere: KafkaConf
         create_topic(nowhere)
 
 
+def trajlake(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `trajlake ARGS…` with a clean environment plus TRAJLAKE_KAFKA_* settings `env`."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "trajlake"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "TRAJLAKE_KAFKA_SPOOL_DIR": str(tmp_path / "spool"),
+            **{f"TRAJLAKE_KAFKA_{k.upper()}": v for k, v in env.items()},
+        },
+    )
+
+
 @pytest.mark.parametrize(
     "command",
     [
@@ -50,25 +67,22 @@ def test_creating_a_topic_without_a_broker_fails_the_same_way(nowhere: KafkaConf
 )
 def test_cli_without_a_broker_is_an_error_not_a_traceback(command: list[str], tmp_path: Path) -> None:
     bootstrap = f"127.0.0.1:{free_port()}"
-    out = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "trajlake"),
-            *command,
-            "--kafka",
-            bootstrap,
-            "--lake",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "HOME": str(tmp_path),
-            "TRAJLAKE_KAFKA_CONNECT_TIMEOUT_S": "1",
-            "TRAJLAKE_KAFKA_SPOOL_DIR": str(tmp_path / "spool"),
-        },
-    )
+    out = trajlake(tmp_path, *command, "--kafka", bootstrap, "--lake", str(tmp_path), connect_timeout_s="1")
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"trajlake {command[0]}: error: no Kafka broker answered at {bootstrap} within 1 s" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_loadgen_without_a_broker_keeps_its_messages_in_the_spool_and_says_so(tmp_path: Path) -> None:
+    bootstrap = f"127.0.0.1:{free_port()}"
+    out = trajlake(
+        tmp_path, "loadgen", "--kafka", bootstrap, "--topic", "waiting", "--trajectories", "3", "--json",
+        max_block_s="0.5", delivery_timeout_s="2",
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["undelivered_messages"] > 0
+    assert f"{result['undelivered_messages']} messages did not reach Kafka at {bootstrap}" in out.stderr
+    spool = tmp_path / "spool" / "waiting"
+    assert str(spool) in out.stderr and list(spool.glob("spool-*.bin"))
+    assert "waiting up to 2 s" in out.stderr and "Traceback" not in out.stderr
