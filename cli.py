@@ -101,10 +101,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as err:
         print(f"trajlake {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if not _names_the_fix(err):
+            raise
+        print(f"trajlake {args.command}: error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"trajlake {args.command}: interrupted", file=sys.stderr)
         return 130
     return int(code or 0)
+
+
+def _names_the_fix(err: Exception) -> bool:
+    """True for errors whose message says what to fix: a lake or a broker that could not be reached."""
+    from trajlake.ingest.bus.base import BusUnreachable
+    from trajlake.store.errors import LakeError
+
+    return isinstance(err, LakeError | BusUnreachable)
 
 
 def run() -> None:

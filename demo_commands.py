@@ -86,7 +86,6 @@ def handle(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from trajlake.demo import DemoConfig, run_demo, summary_json
-    from trajlake.ingest.bus.base import BusUnreachable
 
     try:
         config = DemoConfig(
@@ -106,10 +105,7 @@ def handle(args: argparse.Namespace) -> int:
             f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors()
         )
         raise CliError(f"invalid demo settings: {problems}") from None
-    try:
-        summary = run_demo(config)
-    except BusUnreachable as err:
-        raise CliError(str(err)) from None
+    summary = run_demo(config)
     if args.json_path:
         with open(args.json_path, "w") as fh:
             fh.write(summary_json(summary))

@@ -152,7 +152,6 @@ def run_ingest(args: argparse.Namespace) -> int:
         raise CliError("--kafka HOST:PORT is required (or set TRAJLAKE_KAFKA)")
     from pydantic import ValidationError
 
-    from trajlake.ingest.bus.base import BusUnreachable
     from trajlake.ingest.config import KafkaConfig
     from trajlake.ingest.service import run_ingest as serve
     from trajlake.ingest.sink import SinkConfig
@@ -166,17 +165,14 @@ def run_ingest(args: argparse.Namespace) -> int:
         )
     except ValidationError as err:
         raise CliError(str(err)) from None
-    try:
-        stats = serve(
-            args.lake,
-            kafka,
-            sink,
-            until_idle_s=args.until_idle,
-            metrics_port=args.metrics_port,
-            log_interval_s=args.log_interval,
-        )
-    except BusUnreachable as err:
-        raise CliError(str(err)) from None
+    stats = serve(
+        args.lake,
+        kafka,
+        sink,
+        until_idle_s=args.until_idle,
+        metrics_port=args.metrics_port,
+        log_interval_s=args.log_interval,
+    )
     print(
         json.dumps(
             {

@@ -230,13 +230,23 @@ def run_loadgen(args: argparse.Namespace) -> int:
 
         bus = InProcessBus()
         sink = DeltaSink(Lake(args.lake), bus)
-        sink_thread = threading.Thread(target=sink.run, kwargs={"stop_event": stop}, name="sink", daemon=True)
+        failed: list[BaseException] = []
+
+        def consume() -> None:
+            try:
+                sink.run(stop_event=stop)
+            except BaseException as err:  # raised below, in the command's thread
+                failed.append(err)
+
+        sink_thread = threading.Thread(target=consume, name="sink", daemon=True)
         sink_thread.start()
     with Progress(config.trajectories, "loadgen", unit="traj") as progress:
         counts = generate(bus, config, on_trajectory=lambda _: progress.update())
     if sink_thread is not None:
         stop.set()
         sink_thread.join()
+        if failed:
+            raise failed[0]
         sink.run(until_idle_s=0)  # drain what arrived after the thread's last poll
     bus.close()
     result = {

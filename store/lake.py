@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -40,6 +41,7 @@ STATS_COLUMNS = ("run_id", "trajectory_id", "seq", "event_type", "step")
 """Columns whose min/max go into the Delta log, so readers can skip files."""
 
 COMMIT_RETRIES = 20
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _storage_options_from_env() -> dict[str, str]:
@@ -74,7 +76,10 @@ class Lake:
         self._lock = threading.RLock()
         self._sql: Any = None
         if self.is_local:
-            Path(self.root).mkdir(parents=True, exist_ok=True)
+            try:
+                Path(self.root).mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise LakeError(self._unreachable(err), table_uri=self.root) from None
 
     def __repr__(self) -> str:
         return f"Lake({self.root!r})"
@@ -99,8 +104,8 @@ class Lake:
             return True
         try:
             return DeltaTable.is_deltatable(self.uri(name), storage_options=self.storage_options or None)
-        except OSError:
-            return False
+        except OSError as err:  # not "no table": the storage did not answer, so nothing can be said
+            raise LakeError(self._unreachable(err), table_uri=self.uri(name)) from None
 
     def delta(self, name: str, create: bool = True) -> DeltaTable:
         """The up-to-date `DeltaTable` for `name`, created empty on first use."""
@@ -117,13 +122,30 @@ class Lake:
         uri = self.uri(name)
         options = self.storage_options or None
         try:
+            try:
+                return DeltaTable(uri, storage_options=options)
+            except TableNotFoundError:
+                if not create:
+                    raise LakeError(f"table {name} does not exist yet at {uri}", table_uri=uri) from None
+            with contextlib.suppress(CommitFailedError):  # another writer created it first
+                DeltaTable.create(uri, SCHEMAS[name], mode="ignore", storage_options=options, name=name)
             return DeltaTable(uri, storage_options=options)
-        except TableNotFoundError:
-            if not create:
-                raise LakeError(f"table {name} does not exist yet at {uri}", table_uri=uri) from None
-        with contextlib.suppress(CommitFailedError):  # another writer created it first
-            DeltaTable.create(uri, SCHEMAS[name], mode="ignore", storage_options=options, name=name)
-        return DeltaTable(uri, storage_options=options)
+        except OSError as err:
+            raise LakeError(self._unreachable(err), table_uri=uri) from None
+
+    def _unreachable(self, err: OSError) -> str:
+        """What to fix when the lake's storage refused or never answered (`err`: delta-rs or pyarrow)."""
+        # delta-rs nests its causes over several coloured lines: keep the outermost and the root
+        lines = [_ANSI.sub("", line).replace("↳", "").strip() for line in str(err).splitlines()]
+        lines = [line for line in lines if line]
+        cause = " … ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(err).__name__
+        fix = (
+            f"check that {self.root} is a directory this user can write"
+            if self.is_local
+            else "check AWS_ENDPOINT_URL, the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) "
+            "and that the bucket exists"
+        )
+        return f"cannot use the lake at {self.root} ({cause}); {fix}"
 
     def version(self, name: str) -> int:
         """Current Delta version of `name` (-1 if it does not exist)."""

@@ -50,3 +50,8 @@ def trajlake(
             f"trajlake {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+def clean_env(home: Any, **env: str) -> dict[str, str]:
+    """A minimal environment for a CLI subprocess: PATH, HOME=`home`, plus `env` (no inherited TRAJLAKE_*, AWS_*)."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(home), **env}

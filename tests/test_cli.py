@@ -75,3 +75,14 @@ def test_successive_embedded_runs_into_one_lake_keep_every_event(tmp_path) -> No
         ).stdout
     )
     assert {r["run_id"]: r["n"] for r in stored} == produced
+
+
+def test_a_lake_path_that_is_a_file_is_an_error_naming_it(tmp_path) -> None:
+    not_a_dir = tmp_path / "notes.txt"
+    not_a_dir.write_text("not a lake")
+    for args in (["loadgen", "--trajectories", "2"], ["sql", "select count(*) from events"]):
+        out = trajlake(args[0], "--lake", str(not_a_dir / "lake"), *args[1:], check=False)
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert f"trajlake {args[0]}: error: cannot use the lake at {not_a_dir / 'lake'}" in out.stderr
+        assert "is a directory this user can write" in out.stderr
+    assert not_a_dir.read_text() == "not a lake"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import clean_env, trajlake
 from trajlake.ingest.broker import free_port
 from trajlake.ingest.bus.base import BusUnreachable
 from trajlake.ingest.bus.kafka import KafkaBus, create_topic
@@ -42,20 +42,11 @@ def test_creating_a_topic_without_a_broker_fails_the_same_way(nowhere: KafkaConf
         create_topic(nowhere)
 
 
-def trajlake(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run `trajlake ARGS…` with a clean environment plus TRAJLAKE_KAFKA_* settings `env`."""
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "trajlake"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "HOME": str(tmp_path),
-            "TRAJLAKE_KAFKA_SPOOL_DIR": str(tmp_path / "spool"),
-            **{f"TRAJLAKE_KAFKA_{k.upper()}": v for k, v in env.items()},
-        },
-    )
+def trajlake_without_broker(tmp_path: Path, *args: str, **kafka: str) -> subprocess.CompletedProcess[str]:
+    """Run `trajlake ARGS…` with a clean environment plus TRAJLAKE_KAFKA_<NAME> settings `kafka`."""
+    env = {f"TRAJLAKE_KAFKA_{k.upper()}": v for k, v in kafka.items()}
+    env["TRAJLAKE_KAFKA_SPOOL_DIR"] = str(tmp_path / "spool")
+    return trajlake(*args, env=clean_env(tmp_path, **env), check=False)
 
 
 @pytest.mark.parametrize(
@@ -67,7 +58,9 @@ def trajlake(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProc
 )
 def test_cli_without_a_broker_is_an_error_not_a_traceback(command: list[str], tmp_path: Path) -> None:
     bootstrap = f"127.0.0.1:{free_port()}"
-    out = trajlake(tmp_path, *command, "--kafka", bootstrap, "--lake", str(tmp_path), connect_timeout_s="1")
+    out = trajlake_without_broker(
+        tmp_path, *command, "--kafka", bootstrap, "--lake", str(tmp_path), connect_timeout_s="1"
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"trajlake {command[0]}: error: no Kafka broker answered at {bootstrap} within 1 s" in out.stderr
     assert "Traceback" not in out.stderr
@@ -75,7 +68,7 @@ def test_cli_without_a_broker_is_an_error_not_a_traceback(command: list[str], tm
 
 def test_loadgen_without_a_broker_keeps_its_messages_in_the_spool_and_says_so(tmp_path: Path) -> None:
     bootstrap = f"127.0.0.1:{free_port()}"
-    out = trajlake(
+    out = trajlake_without_broker(
         tmp_path, "loadgen", "--kafka", bootstrap, "--topic", "waiting", "--trajectories", "3", "--json",
         max_block_s="0.5", delivery_timeout_s="2",
     )  # fmt: skip

@@ -94,3 +94,34 @@ def test_two_sink_processes_write_the_same_s3_tables_exactly_once(
         assert lake.sql("select count(*) as n from trajectories").to_pylist()[0]["n"] == 600
     finally:
         lake.close()
+
+
+def test_a_missing_bucket_is_an_error_that_names_the_fix_not_an_empty_lake(s3_lake_root: str) -> None:
+    from trajlake.store.errors import LakeError
+
+    missing = "s3://no-such-bucket-" + s3_lake_root.split("/")[2].removeprefix("lake-") + "/lake"
+    lake = Lake(missing)
+    with pytest.raises(LakeError, match=f"cannot use the lake at {missing} .*that the bucket exists"):
+        lake.sql("select count(*) from events")
+    with pytest.raises(LakeError, match="that the bucket exists"):
+        lake.append("events", events_to_table([make_event("policy_updated", "r", policy_version=0, step=0)]))
+    assert Lake(s3_lake_root).version("events") == -1  # a fresh prefix of a bucket that exists: empty
+
+
+def test_cli_with_no_s3_server_at_the_endpoint_says_so(tmp_path: Path) -> None:
+    from tests.helpers import clean_env, trajlake
+    from trajlake.ingest.broker import free_port
+
+    s3 = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "x"}
+    s3.update(AWS_SECRET_ACCESS_KEY="y", AWS_REGION="us-east-1", AWS_ALLOW_HTTP="true")
+    out = trajlake(
+        "sql",
+        "--lake",
+        "s3://b/lake",
+        "select count(*) from events",
+        env=clean_env(tmp_path, **s3),
+        check=False,
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert "trajlake sql: error: cannot use the lake at s3://b/lake" in out.stderr
+    assert "AWS_ENDPOINT_URL" in out.stderr and "Traceback" not in out.stderr
