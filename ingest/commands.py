@@ -171,6 +171,7 @@ def run_ingest(args: argparse.Namespace) -> int:
         sink,
         until_idle_s=args.until_idle,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         log_interval_s=args.log_interval,
     )
     print(

@@ -23,6 +23,7 @@ def run_ingest(
     until_idle_s: float | None = None,
     metrics_port: int | None = None,
     log_interval_s: float = 10.0,
+    metrics_host: str = "127.0.0.1",
     stop_event: threading.Event | None = None,
 ) -> SinkStats:
     """Consume `kafka.topic` into the lake until SIGTERM/SIGINT, `stop_event`, or `until_idle_s` of quiet."""
@@ -33,7 +34,7 @@ def run_ingest(
     metrics: SinkMetrics | None = None
     try:
         delta_sink = DeltaSink(lake, bus, sink)
-        metrics = SinkMetrics(delta_sink, port=metrics_port, log_interval_s=log_interval_s)
+        metrics = SinkMetrics(delta_sink, port=metrics_port, host=metrics_host, log_interval_s=log_interval_s)
         log.info(
             "ingesting %s from %s into %s (group %s)", kafka.topic, kafka.bootstrap, lake.root, kafka.group_id
         )

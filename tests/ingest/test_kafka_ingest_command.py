@@ -40,12 +40,13 @@ def test_ingest_serves_metrics_logs_progress_and_commits_on_sigterm(
     lake_dir = tmp_path / "lake"
     sink = trajlake_cli(
         "ingest", "--kafka", kafka_topic.bootstrap, "--topic", kafka_topic.topic, "--group", kafka_topic.group_id,
-        "--lake", str(lake_dir), "--metrics-port", str(port), "--log-interval", "0.5", "--max-latency", "0.2",
+        "--lake", str(lake_dir), "--metrics-port", str(port), "--metrics-host", "127.0.0.2",
+        "--log-interval", "0.5", "--max-latency", "0.2",
     )  # fmt: skip
     wait_for_log(sink, "partitions assigned")
     deadline = time.monotonic() + 60
     while True:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        text = httpx.get(f"http://127.0.0.2:{port}/metrics", timeout=5).text
         if metric(text, "trajlake_sink_events_total") >= produced or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -53,8 +54,10 @@ def test_ingest_serves_metrics_logs_progress_and_commits_on_sigterm(
     assert metric(text, "trajlake_sink_dead_letters_total") == 1
     assert metric(text, "trajlake_sink_commits_total") >= 1
     wait_for_log(sink, "lag 0 messages")  # the periodic log line reports lag once it was refreshed
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    text = httpx.get(f"http://127.0.0.2:{port}/metrics", timeout=5).text
     assert 'trajlake_sink_lag_messages{partition="0"} 0.0' in text
+    with pytest.raises(httpx.ConnectError):  # served on --metrics-host only
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
 
     sink.send_signal(signal.SIGTERM)
     out, _ = sink.communicate(timeout=60)
