@@ -165,6 +165,8 @@ def run_ingest(args: argparse.Namespace) -> int:
         )
     except ValidationError as err:
         raise CliError(str(err)) from None
+    if args.metrics_port:  # fail now, not after joining the consumer group (0 = any free port)
+        _check_port_free(args.metrics_host, args.metrics_port)
     stats = serve(
         args.lake,
         kafka,
@@ -185,3 +187,17 @@ def run_ingest(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _check_port_free(host: str, port: int) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the metrics server binds
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise CliError(
+                f"cannot serve metrics on {host}:{port} ({err.strerror}); pass another --metrics-port, "
+                "or 0 for any free port"
+            ) from None

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 DEFAULT_TOPIC = "trajlake-events"
 DEFAULT_GROUP = "trajlake-sink"
@@ -85,6 +85,17 @@ class KafkaConfig(BaseModel):
     ssl_keyfile: Path | None = Field(None, description="client private key (mutual TLS)")
     ssl_password: SecretStr | None = Field(None, description="password of the client key (never printed)")
     ssl_check_hostname: bool = Field(True, description="verify the broker's hostname against its certificate")
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        for server in value.split(","):
+            host, colon, port = server.strip().rpartition(":")
+            if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(
+                    f"{server!r} is not HOST:PORT; give --kafka (TRAJLAKE_KAFKA) as HOST:PORT[,HOST:PORT…]"
+                )
+        return value
 
     @model_validator(mode="after")
     def _check_settings(self) -> KafkaConfig:

@@ -83,3 +83,13 @@ def test_the_ingest_command_explains_a_missing_bootstrap() -> None:
     )
     assert proc.returncode == 2
     assert "--kafka HOST:PORT is required" in proc.stderr
+
+
+def test_a_bootstrap_that_is_not_host_port_names_the_fix() -> None:
+    for bad in ("localhost:abc", "localhost", "b1:9092,:9092", "host:70000"):
+        with pytest.raises(ValidationError, match="is not HOST:PORT; give --kafka"):
+            KafkaConfig(bootstrap=bad)
+    assert (
+        KafkaConfig(bootstrap="b1:9092, b2:9093,[::1]:9094").client_kwargs()["bootstrap_servers"][2]
+        == "[::1]:9094"
+    )

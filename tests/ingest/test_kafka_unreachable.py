@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from pathlib import Path
 
@@ -79,3 +80,19 @@ def test_loadgen_without_a_broker_keeps_its_messages_in_the_spool_and_says_so(tm
     spool = tmp_path / "spool" / "waiting"
     assert str(spool) in out.stderr and list(spool.glob("spool-*.bin"))
     assert "waiting up to 2 s" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_ingest_refuses_a_bad_bootstrap_or_a_busy_metrics_port_before_connecting(tmp_path: Path) -> None:
+    out = trajlake_without_broker(tmp_path, "ingest", "--kafka", "localhost:abc", "--lake", str(tmp_path))
+    assert out.returncode == 2 and "'localhost:abc' is not HOST:PORT" in out.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        bootstrap = f"127.0.0.1:{free_port()}"
+        out = trajlake_without_broker(
+            tmp_path, "ingest", "--kafka", bootstrap, "--lake", str(tmp_path), "--metrics-port", str(port)
+        )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"cannot serve metrics on 127.0.0.1:{port} (Address already in use)" in out.stderr
+    assert "no Kafka broker answered" not in out.stderr  # refused before waiting for the broker
