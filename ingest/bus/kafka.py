@@ -402,14 +402,15 @@ class KafkaBus(Bus):
         except KafkaError as err:  # advisory only; never fail a Delta commit over it
             log.debug("advisory offset commit failed: %s", err)
 
-    def lag(self) -> dict[int, int]:
-        """Messages behind the end of each assigned partition."""
-
+    def lag(self, timeout_s: float = 2.0) -> dict[int, int]:
+        """Messages behind the end of each assigned partition (KafkaTimeoutError after `timeout_s`)."""
         consumer = self._ensure_consumer()
         tps = [tp for tp in consumer.assignment() if tp.topic == self.topic]
         if not tps:
             return {}
-        ends = consumer.end_offsets(tps)
+        # bounded: kafka-python waits its 30 s request timeout for a broker that is down, and the
+        # sink's loop, SIGTERM included, would wait with it
+        ends = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
         out = {}
         for tp in tps:
             position = consumer.position(tp)
@@ -433,7 +434,9 @@ class KafkaBus(Bus):
             self._producer.close(timeout=5)
             self._producer = None
         if self._consumer is not None:
-            self._consumer.close(autocommit=False)
+            self._consumer.close(
+                autocommit=False, timeout_ms=5000
+            )  # leaving the group; the broker may be down
             self._consumer = None
         if self._spool is not None:
             self.undelivered = len(self._spool)

@@ -12,9 +12,9 @@ import pytest
 
 from tests.fixtures.kafka import wait_for_log
 from trajlake.ingest import codec
-from trajlake.ingest.broker import free_port
+from trajlake.ingest.broker import BrokerConfig, free_port, start_broker, stop_broker
 from trajlake.ingest.bus.base import Message
-from trajlake.ingest.bus.kafka import KafkaBus
+from trajlake.ingest.bus.kafka import KafkaBus, create_topic
 from trajlake.ingest.config import KafkaConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.store.lake import Lake
@@ -66,6 +66,39 @@ def test_ingest_serves_metrics_logs_progress_and_commits_on_sigterm(
     assert totals["events"] == produced and totals["dead_letters"] == 1
     log = sink.log_path.read_text()
     assert "received SIGTERM" in log and "1 dead letters" in log
+    lake = Lake(lake_dir)
+    try:
+        assert lake.sql("select count(*) as n from events").to_pylist()[0]["n"] == produced
+    finally:
+        lake.close()
+
+
+def test_sigterm_while_the_broker_is_down_commits_and_exits_promptly(trajlake_cli, tmp_path: Path) -> None:
+    broker = BrokerConfig(port=free_port(), data_dir=tmp_path / "broker", partitions=4)
+    start_broker(broker)
+    config = KafkaConfig(
+        bootstrap=f"127.0.0.1:{broker.port}", topic="outage", group_id="outage", spool_dir=tmp_path / "spool"
+    )
+    create_topic(config)
+    producer = KafkaBus(config)
+    produced = generate(producer, LoadgenConfig(trajectories=20, prompt_tokens=8, output_tokens=8)).events
+    producer.close()
+    lake_dir = tmp_path / "lake"
+    sink = trajlake_cli(
+        "ingest", "--kafka", config.bootstrap, "--topic", config.topic, "--group", config.group_id,
+        "--lake", str(lake_dir), "--log-interval", "0.5", "--max-latency", "0.2",
+    )  # fmt: skip
+    try:
+        wait_for_log(sink, f"totals: {produced} events")
+    finally:
+        stop_broker(broker.data_dir)
+    time.sleep(3)  # lag refreshes (every 0.5 s) now meet a broker that is gone
+    stopped_at = time.monotonic()
+    sink.send_signal(signal.SIGTERM)
+    out, _ = sink.communicate(timeout=60)
+    # before, each lag refresh waited kafka-python's 30 s request timeout, then leaving the group did
+    assert time.monotonic() - stopped_at < 15
+    assert sink.returncode == 0 and json.loads(out.strip().splitlines()[-1])["events"] == produced
     lake = Lake(lake_dir)
     try:
         assert lake.sql("select count(*) as n from events").to_pylist()[0]["n"] == produced
