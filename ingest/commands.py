@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 
 from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default, env_float, env_int
@@ -47,7 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("ingest", help="the exactly-once sink: Kafka topic -> Delta lake")
     add_lake_option(p)
-    add_kafka_option(p, "bootstrap servers (env TRAJLAKE_KAFKA; required)")
+    add_kafka_option(p, "bootstrap servers (env TRAJLAKE_KAFKA, else TRAJLAKE_KAFKA_BOOTSTRAP; required)")
+    # the sink has no embedded alternative, so the cluster named for every Kafka client is its default
+    p.set_defaults(kafka=env_default("KAFKA") or os.environ.get("TRAJLAKE_KAFKA_BOOTSTRAP"))
     p.add_argument(
         "--topic",
         default=env_default("TOPIC", "trajlake-events"),
@@ -149,7 +152,7 @@ def run_kafka_down(args: argparse.Namespace) -> int:
 def run_ingest(args: argparse.Namespace) -> int:
     """Run the sink; print its totals as JSON when it stops."""
     if not args.kafka:
-        raise CliError("--kafka HOST:PORT is required (or set TRAJLAKE_KAFKA)")
+        raise CliError("--kafka HOST:PORT is required (or set TRAJLAKE_KAFKA or TRAJLAKE_KAFKA_BOOTSTRAP)")
     from pydantic import ValidationError
 
     from trajlake.ingest.config import KafkaConfig

@@ -96,3 +96,13 @@ def test_ingest_refuses_a_bad_bootstrap_or_a_busy_metrics_port_before_connecting
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert f"cannot serve metrics on 127.0.0.1:{port} (Address already in use)" in out.stderr
     assert "no Kafka broker answered" not in out.stderr  # refused before waiting for the broker
+
+
+def test_ingest_takes_its_cluster_from_trajlake_kafka_bootstrap(tmp_path: Path) -> None:
+    bootstrap = f"127.0.0.1:{free_port()}"
+    out = trajlake_without_broker(
+        tmp_path, "ingest", "--lake", str(tmp_path), bootstrap=bootstrap, connect_timeout_s="1"
+    )
+    assert out.returncode == 2 and f"no Kafka broker answered at {bootstrap}" in out.stderr
+    out = trajlake_without_broker(tmp_path, "ingest", "--lake", str(tmp_path))
+    assert out.returncode == 2 and "set TRAJLAKE_KAFKA or TRAJLAKE_KAFKA_BOOTSTRAP" in out.stderr
