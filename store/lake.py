@@ -92,9 +92,11 @@ class Lake:
         return f"{self.root}/{name}"
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
-        """A pyarrow filesystem and the lake root's path in it."""
+        """A pyarrow filesystem and the lake root's path in it, reaching the storage delta-rs reaches."""
         if self.is_local:
             return pafs.LocalFileSystem(), self.root
+        if self.root.startswith("s3://"):
+            return _s3_filesystem(self.storage_options), self.root.removeprefix("s3://")
         fs, path = pafs.FileSystem.from_uri(self.root)
         return fs, path
 
@@ -382,6 +384,25 @@ class Lake:
             if self._sql is not None:
                 self._sql.close()
                 self._sql = None
+
+
+def _s3_filesystem(storage_options: Mapping[str, str]) -> pafs.S3FileSystem:
+    """pyarrow's S3 client with the endpoint and credentials the lake gives delta-rs (`AWS_*` options)."""
+    o = {k.upper(): v for k, v in storage_options.items()}
+    kwargs: dict[str, Any] = {}
+    if endpoint := o.get("AWS_ENDPOINT_URL"):
+        scheme, sep, host = endpoint.partition("://")
+        kwargs["endpoint_override"] = host.rstrip("/") if sep else endpoint
+        if sep:
+            kwargs["scheme"] = scheme
+    names = {
+        "AWS_ACCESS_KEY_ID": "access_key",
+        "AWS_SECRET_ACCESS_KEY": "secret_key",
+        "AWS_SESSION_TOKEN": "session_token",
+        "AWS_REGION": "region",
+    }
+    kwargs.update({arg: o[key] for key, arg in names.items() if o.get(key)})
+    return pafs.S3FileSystem(**kwargs)
 
 
 def _cores() -> int:

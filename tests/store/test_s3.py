@@ -125,3 +125,17 @@ def test_cli_with_no_s3_server_at_the_endpoint_says_so(tmp_path: Path) -> None:
     assert out.returncode == 2 and out.stdout == ""
     assert "trajlake sql: error: cannot use the lake at s3://b/lake" in out.stderr
     assert "AWS_ENDPOINT_URL" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_storage_options_given_to_the_lake_reach_its_parquet_writes_too(
+    s3_lake_root: str, s3_server: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in s3_server:  # only the options below say where the storage is
+        monkeypatch.delenv(key, raising=False)
+    lake = Lake(s3_lake_root, storage_options=s3_server)
+    try:
+        events = [make_event("policy_updated", "r", policy_version=v, step=v) for v in range(3)]
+        lake.append("events", events_to_table(events))
+        assert lake.sql("select count(*) as n from events").to_pylist()[0]["n"] == 3
+    finally:
+        lake.close()
