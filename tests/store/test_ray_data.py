@@ -52,3 +52,15 @@ def test_a_ray_dataset_reads_the_committed_files_in_place(lake: Lake, ray_runtim
 def test_an_empty_table_says_what_to_do(lake: Lake) -> None:
     with pytest.raises(LakeError, match="ingest events first"):
         read_ray_dataset(lake, "events")
+
+
+def test_a_ray_dataset_reads_an_s3_lake_in_place(s3_lake_root: str, ray_runtime: None) -> None:
+    lake = Lake(s3_lake_root)
+    try:
+        produced = fill(lake, 2)
+        paths, fs = snapshot_paths(lake, "events")
+        assert len(paths) >= 2 and all(p.startswith(s3_lake_root.removeprefix("s3://")) for p in paths)
+        assert fs.type_name == "s3"
+        assert read_ray_dataset(lake, "events", columns=["event_id"]).count() == produced
+    finally:
+        lake.close()
