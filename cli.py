@@ -115,9 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _names_the_fix(err: Exception) -> bool:
     """True for errors whose message says what to fix: a lake or a broker that could not be reached."""
     from trajlake.ingest.bus.base import BusUnreachable
+    from trajlake.ingest.spool import SpoolFull
     from trajlake.store.errors import LakeError
 
-    return isinstance(err, LakeError | BusUnreachable)
+    return isinstance(err, LakeError | BusUnreachable | SpoolFull)
 
 
 def run() -> None:

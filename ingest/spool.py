@@ -73,7 +73,8 @@ class Spool:
             if self.bytes + len(record) > self.max_bytes:
                 raise SpoolFull(
                     f"the spool in {self.directory} holds {self.bytes} bytes (limit {self.max_bytes}); "
-                    "the broker has been unreachable too long: fix the connection or raise spool_max_bytes"
+                    "the broker has been unreachable too long: fix the connection or raise "
+                    "spool_max_bytes (TRAJLAKE_KAFKA_SPOOL_MAX_BYTES)"
                 )
             if self._writer is None:
                 self.directory.mkdir(parents=True, exist_ok=True)

@@ -106,3 +106,14 @@ def test_ingest_takes_its_cluster_from_trajlake_kafka_bootstrap(tmp_path: Path) 
     assert out.returncode == 2 and f"no Kafka broker answered at {bootstrap}" in out.stderr
     out = trajlake_without_broker(tmp_path, "ingest", "--lake", str(tmp_path))
     assert out.returncode == 2 and "set TRAJLAKE_KAFKA or TRAJLAKE_KAFKA_BOOTSTRAP" in out.stderr
+
+
+def test_loadgen_that_fills_the_spool_stops_with_an_error_naming_the_limit(tmp_path: Path) -> None:
+    bootstrap = f"127.0.0.1:{free_port()}"
+    out = trajlake_without_broker(
+        tmp_path, "loadgen", "--kafka", bootstrap, "--topic", "full", "--trajectories", "200",
+        max_block_s="0.5", spool_max_bytes=str(1 << 20),
+    )  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "trajlake loadgen: error: the spool in" in out.stderr
+    assert "(limit 1048576)" in out.stderr and "TRAJLAKE_KAFKA_SPOOL_MAX_BYTES" in out.stderr
