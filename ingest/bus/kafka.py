@@ -338,7 +338,13 @@ class KafkaBus(Bus):
         # kafka-python joins with no metadata for the topic, the leader assigns nothing, and
         # the metadata that arrives next forces a second rebalance; a metadata refresh
         # landing during that one at times left the sink polling forever with no partitions.
-        consumer.partitions_for_topic(self.topic)
+        if not consumer.partitions_for_topic(self.topic):
+            log.warning(
+                "topic %s does not exist at %s yet; the sink waits for it (create it, e.g. with "
+                "create_topic, or let the brokers auto-create it)",
+                self.topic,
+                c.bootstrap,
+            )
         return consumer
 
     def poll(self, max_messages: int = 1000, timeout_s: float = 0.1) -> list[Message]:

@@ -34,3 +34,17 @@ def test_a_new_sink_gets_every_partition_in_one_rebalance(kafka_topic: KafkaConf
         bus.close()
     assert caplog.text.count("Successfully joined group") == 1
     assert "No partition metadata" not in caplog.text
+
+
+def test_a_sink_on_a_topic_that_does_not_exist_yet_says_so(kafka_topic: KafkaConfig, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="trajlake.ingest.bus.kafka")
+    existing = KafkaBus(kafka_topic)
+    missing = KafkaBus(kafka_topic.model_copy(update={"topic": kafka_topic.topic + "-not-created"}))
+    try:
+        existing.assigned_partitions()  # starts the consumer
+        assert "does not exist" not in caplog.text
+        missing.assigned_partitions()
+        assert f"topic {missing.topic} does not exist at {kafka_topic.bootstrap} yet" in caplog.text
+    finally:
+        existing.close()
+        missing.close()
