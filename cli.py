@@ -10,7 +10,8 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 COMMAND_MODULES = (
     "trajlake.store.commands",
@@ -57,6 +58,21 @@ def add_lake_option(parser: argparse.ArgumentParser) -> None:
         default=env_default("LAKE", DEFAULT_LAKE),
         help="lake root: a directory or s3://bucket/prefix (env TRAJLAKE_LAKE; default %(default)s)",
     )
+
+
+def settings_error(err: Any, where: Mapping[str, str] | None = None) -> str:
+    """A pydantic `ValidationError` as one line: each bad setting, what is wrong, what it got, and
+    (from `where`: field -> the options that set it) where to change it."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if not loc:  # a check across several fields: its message names them
+            parts.append(msg)
+            continue
+        fix = f"; set {where[loc]}" if where and loc in where else ""
+        parts.append(f"{loc}: {msg} (got {e.get('input')!r}){fix}")
+    return "; ".join(parts)
 
 
 def add_run_option(parser: argparse.ArgumentParser, help: str = "run id (env TRAJLAKE_RUN)") -> None:

@@ -8,7 +8,15 @@ import logging
 import os
 from pathlib import Path
 
-from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default, env_float, env_int
+from trajlake.cli import (
+    CliError,
+    add_kafka_option,
+    add_lake_option,
+    env_default,
+    env_float,
+    env_int,
+    settings_error,
+)
 
 DEFAULT_BROKER_DIR = "./trajlake-kafka"
 
@@ -134,7 +142,9 @@ def run_kafka_up(args: argparse.Namespace) -> int:
             port=args.port, data_dir=Path(args.data_dir), partitions=args.partitions, heap=args.heap
         )
         bootstrap = start_broker(config)
-    except (ValidationError, BrokerError) as err:
+    except ValidationError as err:
+        raise CliError(settings_error(err)) from None
+    except BrokerError as err:
         raise CliError(str(err)) from None
     print(bootstrap)
     return 0
@@ -167,7 +177,12 @@ def run_ingest(args: argparse.Namespace) -> int:
             max_rows=args.max_rows, max_latency_s=args.max_latency, exactly_once=not args.no_exactly_once
         )
     except ValidationError as err:
-        raise CliError(str(err)) from None
+        where = {f: f"TRAJLAKE_KAFKA_{f.upper()}" for f in KafkaConfig.model_fields}
+        where.update(
+            bootstrap="--kafka or TRAJLAKE_KAFKA", topic="--topic or TRAJLAKE_TOPIC", group_id="--group or TRAJLAKE_GROUP",
+            max_rows="--max-rows or TRAJLAKE_MAX_ROWS", max_latency_s="--max-latency or TRAJLAKE_MAX_LATENCY",
+        )  # fmt: skip
+        raise CliError(settings_error(err, where)) from None
     if args.metrics_port:  # fail now, not after joining the consumer group (0 = any free port)
         _check_port_free(args.metrics_host, args.metrics_port)
     stats = serve(

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default, env_int
+from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default, env_int, settings_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -216,7 +216,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
             context_budget_tokens=args.context_budget_tokens, seed=args.seed,
         )  # fmt: skip
     except ValidationError as err:
-        raise CliError(_pydantic_message(err)) from None
+        options = {f: f"--{f.replace('_', '-')} or TRAJLAKE_{f.upper()}" for f in LoadgenConfig.model_fields}
+        raise CliError(settings_error(err, options)) from None
     sink_thread = None
     stop = threading.Event()
     if args.kafka:
@@ -275,13 +276,3 @@ def run_loadgen(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
-
-
-def _pydantic_message(err: Any) -> str:
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "config"
-        env = f"TRAJLAKE_{loc.upper()}" if loc != "config" else ""
-        fix = f"; set --{loc.replace('_', '-')} or {env}" if env else ""
-        parts.append(f"{loc}: {e['msg']} (got {e.get('input')!r}){fix}")
-    return "; ".join(parts)

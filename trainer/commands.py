@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from trajlake.cli import CliError, add_lake_option, add_run_option, env_default
+from trajlake.cli import CliError, add_lake_option, add_run_option, env_default, settings_error
 
 
 def _csv(value: str) -> list[str]:
@@ -137,12 +137,12 @@ def run_ablate(args: argparse.Namespace) -> int:
             seeds=args.seeds, train=args.train, groups_per_batch=args.groups_per_batch,
         )  # fmt: skip
     except ValidationError as err:
-        raise CliError(_pydantic_message(err)) from None
+        raise CliError(settings_error(err)) from None
     lake = Lake(args.lake)
     try:
         report = run_ablation(lake, config)
     except ValidationError as err:
-        raise CliError(_pydantic_message(err)) from None
+        raise CliError(settings_error(err)) from None
     except ValueError as err:
         raise CliError(str(err)) from None
     finally:
@@ -220,10 +220,6 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         return main(argv)
     except ValidationError as err:
-        raise CliError(_pydantic_message(err)) from None
+        raise CliError(settings_error(err)) from None
     except json.JSONDecodeError as err:
         raise CliError(f"--config must be a JSON object of TrainerConfig fields: {err}") from None
-
-
-def _pydantic_message(err: Any) -> str:
-    return "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'config'}: {e['msg']}" for e in err.errors())

@@ -117,3 +117,29 @@ def test_loadgen_that_fills_the_spool_stops_with_an_error_naming_the_limit(tmp_p
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "trajlake loadgen: error: the spool in" in out.stderr
     assert "(limit 1048576)" in out.stderr and "TRAJLAKE_KAFKA_SPOOL_MAX_BYTES" in out.stderr
+
+
+def test_ingest_names_each_bad_setting_and_where_to_set_it(tmp_path: Path) -> None:
+    out = trajlake_without_broker(
+        tmp_path,
+        "ingest",
+        "--kafka",
+        "127.0.0.1:9",
+        "--max-rows",
+        "0",
+        "--lake",
+        str(tmp_path),
+        linger_ms="-5",
+    )
+    assert out.returncode == 2 and "validation error for" not in out.stderr
+    assert (
+        "linger_ms: Input should be greater than or equal to 0 (got '-5'); set TRAJLAKE_KAFKA_LINGER_MS"
+        in out.stderr
+    )
+    out = trajlake_without_broker(
+        tmp_path, "ingest", "--kafka", "127.0.0.1:9", "--max-rows", "0", "--lake", str(tmp_path)
+    )
+    assert (
+        "max_rows: Input should be greater than or equal to 1 (got 0); set --max-rows or TRAJLAKE_MAX_ROWS"
+        in out.stderr
+    )
