@@ -30,20 +30,12 @@ class CliError(Exception):
 
 
 def env_default(name: str, default: str | None = None) -> str | None:
-    """The value of `TRAJLAKE_<NAME>` if set, else `default`."""
-    return os.environ.get(f"TRAJLAKE_{name}", default)
+    """The value of `TRAJLAKE_<NAME>` if set and not empty, else `default`.
 
-
-def env_int(name: str) -> int | None:
-    """`TRAJLAKE_<NAME>` as an int, None when unset or empty."""
-    value = env_default(name)
-    return int(value) if value else None
-
-
-def env_float(name: str) -> float | None:
-    """`TRAJLAKE_<NAME>` as a float, None when unset or empty."""
-    value = env_default(name)
-    return float(value) if value else None
+    For an option with `type=int` or `float` this stays a string: argparse converts it, and
+    reports a bad value, only when that command runs, so one bad variable breaks no other command.
+    """
+    return os.environ.get(f"TRAJLAKE_{name}") or default
 
 
 def add_kafka_option(parser: argparse.ArgumentParser, help: str) -> None:

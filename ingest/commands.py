@@ -13,8 +13,6 @@ from trajlake.cli import (
     add_kafka_option,
     add_lake_option,
     env_default,
-    env_float,
-    env_int,
     settings_error,
 )
 
@@ -72,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--until-idle",
         type=float,
-        default=env_float("UNTIL_IDLE"),
+        default=env_default("UNTIL_IDLE"),
         metavar="S",
         help="exit after S seconds without new messages (env TRAJLAKE_UNTIL_IDLE; default: run until SIGTERM)",
     )
@@ -85,14 +83,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-latency",
         type=float,
-        default=env_float("MAX_LATENCY") or 1.0,
+        default=env_default("MAX_LATENCY", "1.0"),
         metavar="S",
         help="flush at least every S seconds (env TRAJLAKE_MAX_LATENCY; default %(default)s)",
     )
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=env_int("METRICS_PORT"),
+        default=env_default("METRICS_PORT"),
         help="serve Prometheus metrics on this port (env TRAJLAKE_METRICS_PORT; 0 = any free port; default off)",
     )
     p.add_argument(
@@ -103,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--log-interval",
         type=float,
-        default=env_float("LOG_INTERVAL") or 10.0,
+        default=env_default("LOG_INTERVAL", "10.0"),
         metavar="S",
         help="seconds between progress log lines (env TRAJLAKE_LOG_INTERVAL; default %(default)s)",
     )
@@ -183,6 +181,10 @@ def run_ingest(args: argparse.Namespace) -> int:
             max_rows="--max-rows or TRAJLAKE_MAX_ROWS", max_latency_s="--max-latency or TRAJLAKE_MAX_LATENCY",
         )  # fmt: skip
         raise CliError(settings_error(err, where)) from None
+    if args.until_idle is not None and args.until_idle < 0:
+        raise CliError(
+            f"--until-idle must be 0 or more seconds, not {args.until_idle:g} (TRAJLAKE_UNTIL_IDLE)"
+        )
     if args.metrics_port:  # fail now, not after joining the consumer group (0 = any free port)
         _check_port_free(args.metrics_host, args.metrics_port)
     stats = serve(

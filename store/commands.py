@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default, env_int, settings_error
+from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default, settings_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,8 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trajectories",
         type=int,
-        default=env_int("TRAJECTORIES"),
-        required=env_int("TRAJECTORIES") is None,
+        default=env_default("TRAJECTORIES"),
+        required=env_default("TRAJECTORIES") is None,
         help="number of trajectories (env TRAJLAKE_TRAJECTORIES)",
     )
     for name, kind, default, text in (

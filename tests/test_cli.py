@@ -86,3 +86,17 @@ def test_a_lake_path_that_is_a_file_is_an_error_naming_it(tmp_path) -> None:
         assert f"trajlake {args[0]}: error: cannot use the lake at {not_a_dir / 'lake'}" in out.stderr
         assert "is a directory this user can write" in out.stderr
     assert not_a_dir.read_text() == "not a lake"
+
+
+def test_a_bad_numeric_variable_fails_only_the_command_that_reads_it(tmp_path) -> None:
+    import os
+
+    env = {**os.environ, "TRAJLAKE_UNTIL_IDLE": "soon", "TRAJLAKE_TRAJECTORIES": "2"}
+    trajlake("loadgen", "--lake", str(tmp_path), env=env)  # does not read TRAJLAKE_UNTIL_IDLE
+    out = trajlake("ingest", "--kafka", "127.0.0.1:9", "--lake", str(tmp_path), env=env, check=False)
+    assert out.returncode == 2 and "argument --until-idle: invalid float value: 'soon'" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = trajlake(
+        "ingest", "--kafka", "127.0.0.1:9", "--until-idle", "-1", "--lake", str(tmp_path), check=False
+    )
+    assert out.returncode == 2 and "--until-idle must be 0 or more seconds, not -1" in out.stderr
