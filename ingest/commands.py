@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 from pathlib import Path
 
 from trajlake.cli import (
@@ -56,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_lake_option(p)
     add_kafka_option(p, "bootstrap servers (env TRAJLAKE_KAFKA, else TRAJLAKE_KAFKA_BOOTSTRAP; required)")
     # the sink has no embedded alternative, so the cluster named for every Kafka client is its default
-    p.set_defaults(kafka=env_default("KAFKA") or os.environ.get("TRAJLAKE_KAFKA_BOOTSTRAP"))
+    p.set_defaults(kafka=env_default("KAFKA") or env_default("KAFKA_BOOTSTRAP"))
     p.add_argument(
         "--topic",
         default=env_default("TOPIC", "trajlake-events"),

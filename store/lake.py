@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -76,10 +76,8 @@ class Lake:
         self._lock = threading.RLock()
         self._sql: Any = None
         if self.is_local:
-            try:
+            with self._storage_errors(self.root):
                 Path(self.root).mkdir(parents=True, exist_ok=True)
-            except OSError as err:
-                raise LakeError(self._unreachable(err), table_uri=self.root) from None
 
     def __repr__(self) -> str:
         return f"Lake({self.root!r})"
@@ -104,10 +102,9 @@ class Lake:
         """True if table `name` has been created."""
         if name in self._tables:  # tables are never dropped: once opened, always there
             return True
-        try:
+        # an error is not "no table": the storage did not answer, so nothing can be said
+        with self._storage_errors(self.uri(name)):
             return DeltaTable.is_deltatable(self.uri(name), storage_options=self.storage_options or None)
-        except OSError as err:  # not "no table": the storage did not answer, so nothing can be said
-            raise LakeError(self._unreachable(err), table_uri=self.uri(name)) from None
 
     def delta(self, name: str, create: bool = True) -> DeltaTable:
         """The up-to-date `DeltaTable` for `name`, created empty on first use."""
@@ -123,7 +120,7 @@ class Lake:
     def _open(self, name: str, create: bool) -> DeltaTable:
         uri = self.uri(name)
         options = self.storage_options or None
-        try:
+        with self._storage_errors(uri):
             try:
                 return DeltaTable(uri, storage_options=options)
             except TableNotFoundError:
@@ -132,11 +129,17 @@ class Lake:
             with contextlib.suppress(CommitFailedError):  # another writer created it first
                 DeltaTable.create(uri, SCHEMAS[name], mode="ignore", storage_options=options, name=name)
             return DeltaTable(uri, storage_options=options)
+
+    @contextlib.contextmanager
+    def _storage_errors(self, uri: str) -> Iterator[None]:
+        """Storage that refused or never answered (OSError of delta-rs or pyarrow) -> a LakeError naming the fix."""
+        try:
+            yield
         except OSError as err:
             raise LakeError(self._unreachable(err), table_uri=uri) from None
 
     def _unreachable(self, err: OSError) -> str:
-        """What to fix when the lake's storage refused or never answered (`err`: delta-rs or pyarrow)."""
+        """What to fix when the lake's storage refused or never answered."""
         # delta-rs nests its causes over several coloured lines: keep the outermost and the root
         lines = [_ANSI.sub("", line).replace("↳", "").strip() for line in str(err).splitlines()]
         lines = [line for line in lines if line]

@@ -440,9 +440,8 @@ class KafkaBus(Bus):
             self._producer.close(timeout=5)
             self._producer = None
         if self._consumer is not None:
-            self._consumer.close(
-                autocommit=False, timeout_ms=5000
-            )  # leaving the group; the broker may be down
+            # leaving the group waits on the broker, which may be down
+            self._consumer.close(autocommit=False, timeout_ms=5000)
             self._consumer = None
         if self._spool is not None:
             self.undelivered = len(self._spool)
