@@ -523,7 +523,7 @@ class _AuthFailureWatch(logging.Handler):
 def bootstrapping(config: KafkaConfig) -> Iterator[None]:
     """Around a kafka-python consumer's or admin's bootstrap: refused credentials and a cluster that
     never answered become errors that name the fix, not kafka-python's bare timeout."""
-    from kafka.errors import KafkaTimeoutError
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError, RequestTimedOutError
 
     with _AuthFailureWatch(config):
         try:
@@ -533,6 +533,12 @@ def bootstrapping(config: KafkaConfig) -> Iterator[None]:
                 f"no Kafka broker answered at {config.bootstrap} within {config.connect_timeout_s:g} s; "
                 "start one with `trajlake kafka up` or point --kafka (TRAJLAKE_KAFKA) at a running cluster "
                 "(TRAJLAKE_KAFKA_CONNECT_TIMEOUT_S waits longer)"
+            ) from err
+        except (RequestTimedOutError, KafkaConnectionError) as err:
+            # bootstrapped, then the broker died or hung before the topic's metadata came back
+            raise BusUnreachable(
+                f"the Kafka broker at {config.bootstrap} stopped answering while connecting ({err}); "
+                "check that it is up (`trajlake kafka up` for a local one) and run the command again"
             ) from err
 
 

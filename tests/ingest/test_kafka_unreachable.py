@@ -38,6 +38,26 @@ def test_a_sink_without_a_broker_fails_naming_the_address_and_the_fix(
     bus.close()
 
 
+def test_a_broker_that_stops_answering_right_after_bootstrap_is_unreachable_too(
+    kafka_topic: KafkaConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a broker that hangs (SIGSTOP) right after the bootstrap makes the sink's metadata request
+    # raise this error after kafka-python's request timeout (10 s, seen by hand); here at once
+    from kafka import KafkaConsumer
+    from kafka.errors import RequestTimedOutError
+
+    def hung(self: KafkaConsumer, topic: str) -> set[int]:
+        raise RequestTimedOutError("Request timed out after 9999 ms")
+
+    monkeypatch.setattr(KafkaConsumer, "partitions_for_topic", hung)
+    bus = KafkaBus(kafka_topic)
+    with pytest.raises(BusUnreachable) as err:
+        DeltaSink(Lake(tmp_path / "lake"), bus)
+    assert f"the Kafka broker at {kafka_topic.bootstrap} stopped answering" in str(err.value)
+    assert "Request timed out" in str(err.value) and "trajlake kafka up" in str(err.value)
+    bus.close()
+
+
 def test_creating_a_topic_without_a_broker_fails_the_same_way(nowhere: KafkaConfig) -> None:
     with pytest.raises(BusUnreachable, match=f"no Kafka broker answered at {nowhere.bootstrap}"):
         create_topic(nowhere)
