@@ -521,8 +521,8 @@ class _AuthFailureWatch(logging.Handler):
 
 @contextmanager
 def bootstrapping(config: KafkaConfig) -> Iterator[None]:
-    """Around a kafka-python consumer's or admin's bootstrap: refused credentials and a cluster that
-    never answered become errors that name the fix, not kafka-python's bare timeout."""
+    """Around a kafka-python consumer's or admin's bootstrap: refused credentials, and a cluster that
+    never answered or stopped answering mid-way, become errors that name the fix, not bare timeouts."""
     from kafka.errors import KafkaConnectionError, KafkaTimeoutError, RequestTimedOutError
 
     with _AuthFailureWatch(config):
