@@ -16,6 +16,7 @@ from typing import Any
 COMMAND_MODULES = (
     "trajlake.store.commands",
     "trajlake.rollout.commands",
+    "trajlake.rollout.engine.commands",
     "trajlake.ingest.commands",
     "trajlake.trainer.commands",
     "trajlake.dashboards.commands",

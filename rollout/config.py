@@ -48,6 +48,11 @@ class TitoConfig(_Config):
     env_prefix: ClassVar[str] = "TITO"
     base_url: str = Field("http://127.0.0.1:8000", description="vLLM server root (without /v1).")
     model: str = Field("default", description="Model name the server serves.")
+    route: Literal["completions", "generate"] = Field(
+        "completions",
+        description="/v1/completions, or vLLM's /inference/v1/generate (--enable-scale-out; reports weight versions).",
+    )
+    max_connections: int = Field(64, ge=1, description="Pooled keep-alive connections to the server.")
     api_key: str | None = Field(None, description="Bearer token, if the server wants one.")
     connect_timeout_s: float = Field(5.0, gt=0, description="Time to open a connection.")
     timeout_s: float = Field(600.0, gt=0, description="Time for one whole completion request.")

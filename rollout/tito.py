@@ -1,27 +1,33 @@
-"""Token-in-token-out client of vLLM's OpenAI-compatible `/v1/completions`.
+"""Token-in-token-out client of vLLM: token ids out, token ids and logprobs back, nothing re-tokenised.
 
-The prompt goes out as a list of token ids and the sampled ids come back as ids, so nothing
-is ever decoded and re-encoded. The client follows vLLM >= 0.10.2 (checked against the
-0.10.2-0.11 protocol): the request sets `return_token_ids` (the choice then carries
-`token_ids` and `prompt_token_ids`) and `return_tokens_as_token_ids` (each entry of
-`logprobs.tokens` reads `"token_id:<id>"`). Older servers (0.6-0.10.1) only honour the
-second, and the client reads the ids from there; when both are present they must agree.
+Two routes of a vLLM server carry ids both ways:
+- `completions` — the OpenAI-compatible `/v1/completions` with `prompt: [ids]`,
+  `return_token_ids` (the choice then carries `token_ids` and `prompt_token_ids`) and
+  `return_tokens_as_token_ids` (each entry of `logprobs.tokens` reads `"token_id:<id>"`); older
+  servers (0.6-0.10.1) only honour the second, and the ids are read from there.
+- `generate` — vLLM's token-in/token-out route `/inference/v1/generate` (served with
+  `--enable-scale-out`, the route SkyRL and verifiers use), which also says which weight version
+  sampled each output span: an RL run records that as the turn's policy version.
 
-    client = TitoClient(TitoConfig(base_url="http://127.0.0.1:8000", model="Qwen/Qwen3-0.6B"))
-    done = client.complete(prompt_ids, max_tokens=256)
-    traj.turn(full_input_token_ids=done.prompt_token_ids, output_token_ids=done.output_token_ids,
-              output_logprobs=done.output_logprobs, policy_version=v, finish_reason=done.finish_reason)
+`AsyncTitoClient` keeps one pooled keep-alive `httpx.AsyncClient`; cancelling the awaiting task
+closes its connection, and vLLM aborts a request whose client went away, freeing the slot.
+`TitoClient` is the same client for synchronous code (a private event loop in a thread).
+
+    async with AsyncTitoClient(TitoConfig(base_url="http://127.0.0.1:8000", model="tiny")) as client:
+        done = await client.complete(prompt_ids, max_tokens=256, seed=7)
+        traj.turn(done.output_token_ids, done.output_logprobs, done.policy_version or v,
+                  full_input_token_ids=done.prompt_token_ids, finish_reason=done.finish_reason)
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -31,6 +37,9 @@ from trajlake.rollout.errors import Cancelled, InferenceError, InferenceResponse
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 TOKEN_ID_PREFIX = "token_id:"
+ROUTES = {"completions": "/v1/completions", "generate": "/inference/v1/generate"}
+CONTEXT_MESSAGES = ("maximum context length", "maximum model length", "max_tokens must be at least 1")
+T = TypeVar("T")
 
 
 class ContextLengthExceeded(InferenceError):
@@ -48,7 +57,15 @@ class Completion:
     stop_reason: int | str | None = None
     latency_s: float = 0.0
     attempts: int = 1
+    weight_versions: list[tuple[str, int, int]] = field(default_factory=list)  # (version, start, end)
+    prompt_logprobs: list[float | None] | None = None  # one per prompt token; the first has none
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def policy_version(self) -> int | None:
+        """The oldest integer weight version that sampled this output (None if the server gave none)."""
+        versions = [int(v) for v, _, _ in self.weight_versions if str(v).lstrip("-").isdigit()]
+        return min(versions) if versions else None
 
     def record(self, traj: Any, policy_version: int, **turn_fields: Any) -> bool:
         """Record this completion as a turn of `traj` (a `TrajectoryRecorder`); return drift."""
@@ -64,7 +81,7 @@ class Completion:
 
 
 def parse_choice(choice: Mapping[str, Any], sent_prompt: Sequence[int]) -> tuple[list[int], list[float]]:
-    """Token ids and logprobs of a vLLM completion choice; raise if they are missing or disagree."""
+    """Token ids and logprobs of a `/v1/completions` choice; raise if they are missing or disagree."""
     logprobs = choice.get("logprobs") or {}
     ids_from_tokens = None
     if logprobs.get("tokens") is not None:
@@ -81,20 +98,43 @@ def parse_choice(choice: Mapping[str, Any], sent_prompt: Sequence[int]) -> tuple
             "the response carries no token ids; serve with vLLM >= 0.10.2 (return_token_ids) "
             "or >= 0.6 (return_tokens_as_token_ids with logprobs)"
         )
-    values = logprobs.get("token_logprobs")
-    if values is None or len(values) != len(ids):
+    _check_echo(choice.get("prompt_token_ids"), sent_prompt)
+    return [int(i) for i in ids], _finite(logprobs.get("token_logprobs"), len(ids))
+
+
+def parse_generate_choice(
+    choice: Mapping[str, Any], sent_prompt: Sequence[int], echoed: Sequence[int] | None = None
+) -> tuple[list[int], list[float]]:
+    """Token ids and logprobs of an `/inference/v1/generate` choice; raise if they are missing."""
+    ids = choice.get("token_ids")
+    if ids is None:
         raise InferenceResponseError(
-            f"expected one logprob per output token ({len(ids)}), got {None if values is None else len(values)}; "
+            "the generate response carries no token_ids; is this vLLM's token route?"
+        )
+    content = (choice.get("logprobs") or {}).get("content")
+    values = None if content is None else [c.get("logprob") for c in content]
+    if content is not None and [c.get("token_id") for c in content] != list(ids):
+        raise InferenceResponseError("logprobs.content token ids differ from choice.token_ids")
+    _check_echo(echoed, sent_prompt)
+    return [int(i) for i in ids], _finite(values, len(ids))
+
+
+def _check_echo(echoed: Sequence[int] | None, sent: Sequence[int]) -> None:
+    if echoed is not None and list(echoed) != list(sent):
+        raise InferenceResponseError(
+            "the server's prompt_token_ids differ from the ids sent: it re-tokenised the prompt"
+        )
+
+
+def _finite(values: Sequence[Any] | None, n: int) -> list[float]:
+    if values is None or len(values) != n:
+        raise InferenceResponseError(
+            f"expected one logprob per output token ({n}), got {None if values is None else len(values)}; "
             "the client must send logprobs >= 0"
         )
     if any(v is None or not math.isfinite(v) for v in values):
         raise InferenceResponseError("a sampled token has no finite logprob")
-    echoed = choice.get("prompt_token_ids")
-    if echoed is not None and list(echoed) != list(sent_prompt):
-        raise InferenceResponseError(
-            "the server's prompt_token_ids differ from the ids sent: it re-tokenised the prompt"
-        )
-    return [int(i) for i in ids], [float(v) for v in values]
+    return [float(v) for v in values]
 
 
 def _token_id(token: str) -> int:
@@ -105,38 +145,206 @@ def _token_id(token: str) -> int:
     return int(token[len(TOKEN_ID_PREFIX) :])
 
 
-class TitoClient:
-    """Sends token ids to vLLM and returns token ids and logprobs; retries, times out, cancels."""
+def _prompt_logprobs(entries: Sequence[Any] | None, prompt: Sequence[int]) -> list[float | None] | None:
+    """vLLM's prompt_logprobs (a dict per position keyed by token id) as one float per prompt token."""
+    if entries is None:
+        return None
+    out: list[float | None] = []
+    for token, entry in zip(prompt, entries, strict=False):
+        hit = None if entry is None else entry.get(str(token))
+        out.append(None if hit is None else float(hit["logprob"]))
+    return out
+
+
+class AsyncTitoClient:
+    """Sends token ids to vLLM and returns token ids and logprobs; pools connections, retries, cancels."""
 
     def __init__(
-        self, config: TitoConfig | None = None, *, transport: httpx.BaseTransport | None = None
+        self, config: TitoConfig | None = None, *, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         self.config = config or TitoConfig()
-        self._transport = transport
-
-    def _client(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
-        timeout = httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
-        return httpx.Client(
-            base_url=self.config.base_url, timeout=timeout, headers=headers, transport=self._transport
+        self._http = httpx.AsyncClient(
+            base_url=self.config.base_url,
+            timeout=httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s),
+            headers=headers,
+            transport=transport,
+            limits=httpx.Limits(
+                max_connections=self.config.max_connections,
+                max_keepalive_connections=self.config.max_connections,
+            ),
         )
+
+    async def __aenter__(self) -> AsyncTitoClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the pooled connections."""
+        await self._http.aclose()
 
     def request_body(
         self, prompt_token_ids: Sequence[int], max_tokens: int, **sampling: Any
     ) -> dict[str, Any]:
-        """The JSON body of a completion request for `prompt_token_ids`."""
-        body: dict[str, Any] = {
-            "model": self.config.model,
-            "prompt": [int(t) for t in prompt_token_ids],
-            "max_tokens": int(max_tokens),
-            "logprobs": 1,
-            "return_token_ids": True,
-            "return_tokens_as_token_ids": True,
-            "skip_special_tokens": False,
-            "stream": False,
-        }
-        body.update({k: v for k, v in sampling.items() if v is not None})
-        return body
+        """The JSON body of a request for `prompt_token_ids` on the configured route."""
+        prompt = [int(t) for t in prompt_token_ids]
+        params = {k: v for k, v in sampling.items() if v is not None}
+        if self.config.route == "generate":
+            params.setdefault("logprobs", 0)
+            if params.pop("prompt_logprobs", None) is not None:
+                params["prompt_logprobs"] = 0
+            return {
+                "model": self.config.model, "token_ids": prompt, "return_token_ids": True,
+                "sampling_params": {"max_tokens": int(max_tokens), "skip_special_tokens": False, **params},
+            }  # fmt: skip
+        return {
+            "model": self.config.model, "prompt": prompt, "max_tokens": int(max_tokens), "logprobs": 1,
+            "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False,
+            "stream": False, **params,
+        }  # fmt: skip
+
+    async def complete(
+        self, prompt_token_ids: Sequence[int], *, max_tokens: int, **sampling: Any
+    ) -> Completion:
+        """Sample one continuation of `prompt_token_ids` (see `sample` for errors and retries)."""
+        return (await self.sample(prompt_token_ids, max_tokens=max_tokens, **sampling))[0]
+
+    async def sample(
+        self, prompt_token_ids: Sequence[int], *, max_tokens: int, **sampling: Any
+    ) -> list[Completion]:
+        """Sample `n` (a sampling parameter, default 1) continuations of `prompt_token_ids`.
+
+        Retries connect errors, 408/429/5xx with exponential backoff and jitter (honouring
+        `Retry-After`), so a server that is restarted mid-run is waited for; raises
+        `ContextLengthExceeded` when the prompt does not fit, `InferenceResponseError` when the
+        answer lacks token ids, `InferenceError` otherwise. Cancelling the caller's task aborts
+        the request on the server.
+        """
+        prompt = [int(t) for t in prompt_token_ids]
+        body = self.request_body(prompt, max_tokens, **sampling)
+        retry = self.config.retry
+        started = time.monotonic()
+        for attempt in range(1, retry.max_attempts + 1):
+            try:
+                response = await self._http.post(ROUTES[self.config.route], json=body)
+            except httpx.TransportError as err:  # refused/reset/timed out: the server may come back
+                error: InferenceError = InferenceError(
+                    f"{type(err).__name__} from {self.config.base_url}: {err}", retryable=True
+                )
+                wait = None
+            else:
+                if response.status_code == 200:
+                    return self._completions(response, prompt, started, attempt)
+                error = _http_error(response)
+                wait = backoff.retry_after_s(response.headers.get("retry-after"))
+            if not error.retryable or attempt == retry.max_attempts:
+                if error.retryable:
+                    error.args = (f"{error.args[0]} (gave up after {attempt} attempts)",)
+                raise error
+            await asyncio.sleep(wait if wait is not None else backoff.backoff_delay(attempt, retry))
+        raise AssertionError("unreachable")
+
+    def _completions(
+        self, response: httpx.Response, prompt: list[int], started: float, attempt: int
+    ) -> list[Completion]:
+        try:
+            payload = response.json()
+            choices = sorted(payload["choices"], key=lambda c: c.get("index", 0))
+        except (ValueError, KeyError, TypeError) as err:
+            raise InferenceResponseError(f"not a completions response: {response.text[:200]!r}") from err
+        if not choices:
+            raise InferenceResponseError("the response has no choices")
+        latency = time.monotonic() - started
+        out = []
+        for choice in choices:
+            if self.config.route == "generate":
+                ids, logprobs = parse_generate_choice(choice, prompt, payload.get("prompt_token_ids"))
+                prompt_lps = _generate_prompt_logprobs(payload.get("prompt_logprobs"), prompt)
+            else:
+                ids, logprobs = parse_choice(choice, prompt)
+                prompt_lps = _prompt_logprobs(choice.get("prompt_logprobs"), prompt)
+            spans = [
+                (str(s["version"]), int(s["start"]), int(s["end"]))
+                for s in choice.get("weight_versions") or []
+            ]
+            out.append(
+                Completion(
+                    prompt_token_ids=prompt,
+                    output_token_ids=ids,
+                    output_logprobs=logprobs,
+                    finish_reason=choice.get("finish_reason"),
+                    stop_reason=choice.get("stop_reason"),
+                    latency_s=latency,
+                    attempts=attempt,
+                    weight_versions=spans,
+                    prompt_logprobs=prompt_lps,
+                    raw=payload,
+                )
+            )
+        return out
+
+
+def _generate_prompt_logprobs(
+    entries: Sequence[Any] | None, prompt: Sequence[int]
+) -> list[float | None] | None:
+    if entries is None:
+        return None
+    out: list[float | None] = []
+    for token, entry in zip(prompt, entries, strict=False):
+        if entry is None:
+            out.append(None)
+        elif isinstance(entry, Mapping):
+            hit = entry.get(str(token))
+            out.append(None if hit is None else float(hit["logprob"]))
+        else:  # a list of {token_id, logprob} candidates
+            out.append(next((float(c["logprob"]) for c in entry if c.get("token_id") == token), None))
+    return out
+
+
+def _http_error(response: httpx.Response) -> InferenceError:
+    text = response.text[:500]
+    if response.status_code == 400 and any(m in text.lower() for m in CONTEXT_MESSAGES):
+        return ContextLengthExceeded(f"HTTP 400: {text}", status_code=400)
+    retryable = response.status_code in RETRYABLE_STATUS
+    return InferenceError(
+        f"HTTP {response.status_code}: {text}", status_code=response.status_code, retryable=retryable
+    )
+
+
+class TitoClient:
+    """`AsyncTitoClient` for synchronous callers: its own event loop in a daemon thread."""
+
+    def __init__(
+        self, config: TitoConfig | None = None, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.config = config or TitoConfig()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tito-loop", daemon=True)
+        self._thread.start()
+        self._async = self._run(self._make_async(transport))
+
+    async def _make_async(self, transport: httpx.AsyncBaseTransport | None) -> AsyncTitoClient:
+        return AsyncTitoClient(self.config, transport=transport)
+
+    def _run(self, coro: Coroutine[Any, Any, T], cancel: threading.Event | None = None) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        if cancel is None:
+            return future.result()
+        while True:
+            try:
+                return future.result(timeout=0.02)
+            except TimeoutError:
+                if cancel.is_set():
+                    future.cancel()  # closes the connection: vLLM aborts the request
+                    raise Cancelled("cancelled while the request was in flight or waiting to retry") from None
+
+    def request_body(
+        self, prompt_token_ids: Sequence[int], max_tokens: int, **sampling: Any
+    ) -> dict[str, Any]:
+        """The JSON body of a request for `prompt_token_ids`."""
+        return self._async.request_body(prompt_token_ids, max_tokens, **sampling)
 
     def complete(
         self,
@@ -146,82 +354,31 @@ class TitoClient:
         cancel: threading.Event | None = None,
         **sampling: Any,
     ) -> Completion:
-        """Sample a continuation of `prompt_token_ids`.
+        """Sample one continuation; raises `Cancelled` as soon as `cancel` is set (also between retries)."""
+        return self.sample(prompt_token_ids, max_tokens=max_tokens, cancel=cancel, **sampling)[0]
 
-        Retries connect errors, 408/429/5xx with exponential backoff and jitter (honouring
-        `Retry-After`); raises `Cancelled` as soon as `cancel` is set, `ContextLengthExceeded`
-        when the prompt does not fit, `InferenceError` otherwise.
-        """
-        prompt = [int(t) for t in prompt_token_ids]
-        body = self.request_body(prompt, max_tokens, **sampling)
-        retry = self.config.retry
-        started = time.monotonic()
-        for attempt in range(1, retry.max_attempts + 1):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("cancelled before the request was sent")
-            try:
-                response = self._post(body, cancel)
-            except httpx.TransportError as err:  # connect refused/reset, timeouts: the server may come back
-                error: InferenceError = InferenceError(f"{type(err).__name__}: {err}", retryable=True)
-                wait = None
-            else:
-                if response.status_code == 200:
-                    choice = _first_choice(response)
-                    ids, logprobs = parse_choice(choice, prompt)
-                    return Completion(
-                        prompt_token_ids=prompt,
-                        output_token_ids=ids,
-                        output_logprobs=logprobs,
-                        finish_reason=choice.get("finish_reason"),
-                        stop_reason=choice.get("stop_reason"),
-                        latency_s=time.monotonic() - started,
-                        attempts=attempt,
-                        raw=response.json(),
-                    )
-                error = _http_error(response)
-                wait = backoff.retry_after_s(response.headers.get("retry-after"))
-            if not error.retryable or attempt == retry.max_attempts:
-                if error.retryable:
-                    error.args = (f"{error.args[0]} (gave up after {attempt} attempts)",)
-                raise error
-            backoff.sleep(wait if wait is not None else backoff.backoff_delay(attempt, retry), cancel)
-        raise AssertionError("unreachable")
+    def sample(
+        self,
+        prompt_token_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        cancel: threading.Event | None = None,
+        **sampling: Any,
+    ) -> list[Completion]:
+        """`AsyncTitoClient.sample`, blocking; `cancel` aborts it."""
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled before the request was sent")
+        return self._run(self._async.sample(prompt_token_ids, max_tokens=max_tokens, **sampling), cancel)
 
-    def _post(self, body: dict[str, Any], cancel: threading.Event | None) -> httpx.Response:
-        """POST in a helper thread when cancellable, so that setting `cancel` returns at once."""
-        if cancel is None:
-            with self._client() as client:
-                return client.post("/v1/completions", json=body)
-        client = self._client()
-        future: Future[httpx.Response] = Future()
+    def close(self) -> None:
+        """Close connections and stop the loop thread."""
+        if self._loop.is_running():
+            self._run(self._async.aclose())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
 
-        def send() -> None:
-            try:
-                future.set_result(client.post("/v1/completions", json=body))
-            except BaseException as err:  # handed to the caller through the future
-                future.set_exception(err)
+    def __enter__(self) -> TitoClient:
+        return self
 
-        threading.Thread(target=send, name="tito-request", daemon=True).start()
-        while not future.done():
-            if cancel.wait(0.02):
-                client.close()  # aborts the connection; the server stops generating for a closed socket
-                raise Cancelled("cancelled while the request was in flight")
-        client.close()
-        return future.result()
-
-
-def _first_choice(response: httpx.Response) -> dict[str, Any]:
-    try:
-        return response.json()["choices"][0]
-    except (ValueError, KeyError, IndexError, TypeError) as err:
-        raise InferenceResponseError(f"not a completions response: {response.text[:200]!r}") from err
-
-
-def _http_error(response: httpx.Response) -> InferenceError:
-    text = response.text[:500]
-    if response.status_code == 400 and "context length" in text.lower():
-        return ContextLengthExceeded(f"HTTP 400: {text}", status_code=400)
-    retryable = response.status_code in RETRYABLE_STATUS
-    return InferenceError(
-        f"HTTP {response.status_code}: {text}", status_code=response.status_code, retryable=retryable
-    )
+    def __exit__(self, *exc: object) -> None:
+        self.close()

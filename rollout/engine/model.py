@@ -1,0 +1,274 @@
+"""`trajlake model init DIR`: a tiny Hugging Face chat model built locally, with no network.
+
+The directory holds a Qwen2-architecture causal LM (random init, seeded, float32 safetensors),
+a byte-level BPE tokenizer trained here with `tokenizers`, a ChatML chat template with tools,
+and the `<tool_call>` / `<tool_response>` tokens vLLM's `hermes` tool parser looks for. vLLM
+serves it on CPU and transformers trains it, so the tokens of a run come from a real engine.
+
+The tokenizer is trained with exactly the normalizer and pre-tokenizer that transformers'
+`Qwen2Tokenizer` rebuilds when it loads a `qwen2` tokenizer (NFC, the Qwen split regex, then
+ByteLevel without its own regex), and is saved through `Qwen2Tokenizer` itself; `init_model`
+then checks that `AutoTokenizer` and `tokenizers.Tokenizer` encode a probe set identically,
+because a disagreement would make vLLM and the trainer see different ids for the same text.
+
+The demo's tools get one added token per argument-free call (`ACTION_TOKENS`): a tool call the
+model writes in one token is learnable from scratch in minutes on two cores, and its text is the
+hermes call the chat template renders, so it parses like any other call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+TOOL_CALL, END_TOOL_CALL = "<tool_call>", "</tool_call>"
+TOOL_RESPONSE, END_TOOL_RESPONSE = "<tool_response>", "</tool_response>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+MARKUP_TOKENS = (TOOL_CALL, END_TOOL_CALL, TOOL_RESPONSE, END_TOOL_RESPONSE)
+DEMO_TOOLS = ("calc", "python", "answer")
+
+
+def tool_call_text(name: str, arguments: dict | None = None) -> str:
+    """A hermes tool call exactly as the chat template renders it."""
+    body = json.dumps({"name": name, "arguments": arguments or {}})
+    return f"{TOOL_CALL}\n{body}\n{END_TOOL_CALL}"
+
+
+def action_tokens(tools: Iterable[str]) -> tuple[str, ...]:
+    """The added tokens that spell an argument-free call of each tool in one token."""
+    return tuple(tool_call_text(name) for name in tools)
+
+
+# Qwen2.5's ChatML template with tools, trimmed to what trajlake renders.
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}{% else %}You are a helpful assistant.{% endif %}"
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content or '' }}"
+    "{% for call in message.tool_calls or [] %}"
+    "{% if message.content or not loop.first %}\n{% endif %}"
+    "{% set fn = call.function if call.function is defined else call %}"
+    '<tool_call>\n{"name": "{{ fn.name }}", "arguments": '
+    "{% if fn.arguments is string %}{{ fn.arguments }}{% else %}{{ fn.arguments | tojson }}{% endif %}"
+    "}\n</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ message.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+).replace("%}\n", "%}{{ '\\n' }}")  # transformers renders with trim_blocks, which eats a newline after a tag
+
+
+class ModelInitConfig(BaseModel):
+    """Shape of the tiny model and its tokenizer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vocab_size: int = Field(
+        512, ge=300, le=65536, description="Tokenizer vocabulary (256 bytes + merges + added tokens)."
+    )
+    hidden_size: int = Field(128, ge=32, description="Model width.")
+    num_layers: int = Field(2, ge=1, le=64, description="Transformer layers.")
+    num_heads: int = Field(4, ge=1, description="Attention heads; hidden_size / num_heads >= 32 (vLLM CPU).")
+    num_kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+    intermediate_size: int | None = Field(None, ge=1, description="MLP width; default 3 x hidden_size.")
+    max_position_embeddings: int = Field(4096, ge=128, description="Longest context.")
+    seed: int = Field(0, description="Seed of the random weights.")
+    tools: tuple[str, ...] = Field(
+        DEMO_TOOLS, description="Tools whose argument-free call gets its own token (the demo's)."
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> ModelInitConfig:
+        problems = []
+        if self.hidden_size % self.num_heads:
+            problems.append(
+                f"hidden_size {self.hidden_size} must be a multiple of num_heads {self.num_heads}"
+            )
+        elif self.hidden_size // self.num_heads < 32:
+            problems.append(
+                f"head size hidden_size / num_heads = {self.hidden_size // self.num_heads} is below 32, "
+                "which vLLM's CPU attention does not support; raise --width or lower --heads"
+            )
+        if self.num_heads % self.num_kv_heads:
+            problems.append(
+                f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class ModelInitError(RuntimeError):
+    """The model directory could not be built or does not load consistently."""
+
+
+def corpus(tools: Iterable[str]) -> list[str]:
+    """Text the BPE merges are learned from: the chat markup and the demo's task language."""
+    from trajlake.rollout.envs import vocab
+
+    words = [*vocab.WORDS, *vocab.DIGITS, *vocab.OPERATORS, *vocab.LETTERS]
+    lines = [
+        "You are a helpful assistant.",
+        "You may call one or more functions to assist with the user query.",
+        "For each function call, return a json object with function name and arguments within",
+        '{"type": "function", "function": {"name": "calc", "description": "Evaluate", "parameters": {}}}',
+        "Use a tool. Answer with the answer tool. The context budget is almost used up.",
+        "the quick brown fox jumps over the lazy dog; The Quick Brown Fox 0123456789",
+        *(tool_call_text(name, {"expression": "3 + 4"}) for name in tools),
+        *(f"{TOOL_RESPONSE}\n{w} {w}\n{END_TOOL_RESPONSE}" for w in words),
+    ]
+    for a in vocab.DIGITS:
+        for op in vocab.OPERATORS:
+            lines.append(f"calc {a} {op} {a}")
+    lines += [f"reverse {' '.join(vocab.LETTERS[: n + 2])}" for n in range(4)]
+    lines += [f"count {x} in {' '.join(vocab.LETTERS)}" for x in vocab.LETTERS]
+    return lines * 4
+
+
+def train_tokenizer(config: ModelInitConfig):  # -> transformers.PreTrainedTokenizerBase
+    """A byte-level BPE trained on `corpus`, wrapped and configured as transformers' Qwen2Tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import AddedToken, Qwen2Tokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    actions = action_tokens(config.tools)
+    n_added = len(SPECIAL_TOKENS) + len(MARKUP_TOKENS) + len(actions)
+    bpe = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size - n_added,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte stays encodable
+        special_tokens=[ENDOFTEXT],
+        show_progress=False,
+    )
+    bpe.train_from_iterator(corpus(config.tools), trainer=trainer)
+    state = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+    tokenizer = Qwen2Tokenizer(vocab=state["vocab"], merges=merges)
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": [IM_START, IM_END]}, replace_extra_special_tokens=False
+    )
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in (*MARKUP_TOKENS, *actions)])
+    tokenizer.eos_token = IM_END
+    tokenizer.pad_token = ENDOFTEXT
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.model_max_length = config.max_position_embeddings
+    return tokenizer
+
+
+def build_model(config: ModelInitConfig, vocab_size: int, eos_id: int, pad_id: int):  # -> Qwen2ForCausalLM
+    """A Qwen2ForCausalLM with seeded random weights, in float32."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    hf_config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size or 3 * config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=False,  # vLLM reloads a tied head from the old tensors: weight updates need it untied
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        use_sliding_window=False,
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return Qwen2ForCausalLM(hf_config).to(torch.float32)
+
+
+def probe_texts(tokenizer) -> list[str]:
+    """Texts on which the two tokenizer loaders must agree: chat, tool calls, unicode, odd spacing."""
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "calc 7 * 8"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc", "arguments": {}}}]},
+        {"role": "tool", "content": "56"},
+    ]
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {}}}]
+    chat = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    return [
+        chat,
+        "Ünïcödé ﬁ café, 東京, emoji 🙂 and combining e\u0301",
+        "  leading spaces\n\n\ttabs\r\nand CRLF   ",
+        "don't, I'll, we've; it's 12345 + 678",
+        tool_call_text("calc") + tool_call_text("python", {"code": "print('x'[::-1])"}),
+    ]
+
+
+def check_tokenizers_agree(model_dir: Path) -> None:
+    """Raise `ModelInitError` unless AutoTokenizer and tokenizers.Tokenizer give the same ids."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(str(model_dir))
+    raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    for text in probe_texts(auto):
+        a = auto.encode(text, add_special_tokens=False)
+        b = raw.encode(text, add_special_tokens=False).ids
+        if a != b:
+            raise ModelInitError(
+                f"AutoTokenizer and tokenizers.Tokenizer encode {text[:60]!r} differently "
+                f"({a[:12]}… vs {b[:12]}…); vLLM and the trainer would disagree on token ids"
+            )
+
+
+def init_model(model_dir: str | Path, config: ModelInitConfig | None = None) -> dict:
+    """Write the tiny model, tokenizer and chat template to `model_dir`; return a summary."""
+    config = config or ModelInitConfig()
+    target = Path(model_dir)
+    if target.exists() and any(target.iterdir()):
+        raise ModelInitError(f"{target} exists and is not empty; pass an empty or new directory")
+    target.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(config)
+    vocab_size = len(tokenizer)
+    model = build_model(config, vocab_size, tokenizer.convert_tokens_to_ids(IM_END), tokenizer.pad_token_id)
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(IM_END)
+    model.save_pretrained(str(target), safe_serialization=True)
+    tokenizer.save_pretrained(str(target))
+    check_tokenizers_agree(target)
+    n_params = sum(p.numel() for p in model.parameters())
+    summary = {
+        "model_dir": str(target.resolve()),
+        "architecture": "Qwen2ForCausalLM",
+        "parameters": n_params,
+        "vocab_size": vocab_size,
+        "hidden_size": config.hidden_size,
+        "layers": config.num_layers,
+        "heads": config.num_heads,
+        "action_tokens": {t: tokenizer.convert_tokens_to_ids(t) for t in action_tokens(config.tools)},
+    }
+    (target / "trajlake-model.json").write_text(
+        json.dumps({**summary, "config": config.model_dump()}, indent=2)
+    )
+    return summary
