@@ -16,18 +16,22 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import queue
 import random
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trajlake.rollout.envs.config import EnvConfig
 
 DEFAULT_STEPS = 40
+CHAT_BUDGET_FROM = EnvConfig().context_budget_tokens
+CHAT_CONTEXT_BUDGET = 112
 
 
 class DemoConfig(BaseModel):
@@ -36,6 +40,17 @@ class DemoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lake: str = Field("./trajlake-data", description="Lake root directory (or s3://…).")
+    engine: Literal["tiny", "vllm"] = Field(
+        "vllm", description="vllm: a Qwen2 chat model served by vLLM, trained in place; tiny: a GRU policy in each worker."
+    )
+    model_dir: str | None = Field(
+        None,
+        description="vllm: the model directory to serve and train; default <lake>/model (made if missing).",
+    )
+    vllm_url: str | None = Field(
+        None,
+        description="vllm: base URL of a running server (started with weight reload); default: start one.",
+    )
     run_id: str | None = Field(
         None, description="Run id; default `demo`, or demo-<UTC time> if the lake has a `demo` run."
     )
@@ -43,7 +58,11 @@ class DemoConfig(BaseModel):
     seed: int = Field(0, description="Seed of weights, tasks, sampling and fault injection.")
     groups_per_step: int = Field(8, ge=1, description="Prompt groups per trainer batch.")
     samples_per_group: int = Field(4, ge=2, description="Samples per prompt group (GRPO group size).")
-    workers: int = Field(2, ge=1, description="Rollout workers.")
+    workers: int | None = Field(
+        None,
+        ge=1,
+        description="Rollout workers (episodes in flight); default 2 on tiny, 8 on vllm (it batches).",
+    )
     ray: bool = Field(True, description="Run episodes as local Ray tasks (else threads in this process).")
     kafka: str | None = Field(None, description="HOST:PORT of a Kafka broker; None: the in-process bus.")
     topic: str | None = Field(None, description="Kafka topic; default trajlake-demo-<run id>.")
@@ -68,6 +87,11 @@ class DemoConfig(BaseModel):
 
     @model_validator(mode="after")
     def _defaults(self) -> DemoConfig:
+        if self.workers is None:
+            self.workers = 8 if self.engine == "vllm" else 2
+        if self.engine == "vllm" and self.env.context_budget_tokens == CHAT_BUDGET_FROM:
+            # a chat prompt holds the system prompt and the tool list: ~250 tokens before the task
+            self.env = self.env.model_copy(update={"context_budget_tokens": CHAT_CONTEXT_BUDGET})
         if self.fault_rate != 1.0:
             self.env = self.env.model_copy(update={"faults": self.env.faults.scaled(self.fault_rate)})
             self.fault_rate = 1.0  # applied: a saved config reloads to the same rates
@@ -176,8 +200,8 @@ def wait_for_trajectories(lake: Any, sink: SinkThread, run_id: str, n: int) -> i
 
 # -- trainer -------------------------------------------------------------------------------------
 def make_trainer(ctx: DemoContext, run_id: str, recorder: Any, policy_loss: str, **sampling: Any) -> Any:
-    """The platform's `ReferenceTrainer` for `run_id`, set up on the demo's lake, catalog and bus."""
-    from trajlake.rollout.envs.vocab import VOCAB_SIZE
+    """The platform's `ReferenceTrainer` for `run_id` (`HFTrainer` on the vLLM engine's model directory),
+    set up on the demo's lake, catalog and bus."""
     from trajlake.trainer.config import SamplerConfig, TrainerConfig
     from trajlake.trainer.reference import ReferenceTrainer
 
@@ -188,10 +212,17 @@ def make_trainer(ctx: DemoContext, run_id: str, recorder: Any, policy_loss: str,
         poll_interval_s=0.05, lease_ttl_s=3600.0,
     ).model_copy(update=sampling)  # fmt: skip
     config = TrainerConfig(
-        run_id=run_id, steps=cfg.steps, seed=cfg.seed, vocab_size=VOCAB_SIZE, lr=cfg.lr, advantage="drgrpo",
+        run_id=run_id, steps=cfg.steps, seed=cfg.seed, vocab_size=ctx.vocab_size, lr=cfg.lr, advantage="drgrpo",
         policy_loss=policy_loss, aggregation="token_mean", sampler=sampler,
     )  # fmt: skip
-    trainer = ReferenceTrainer(ctx.lake, config, catalog=ctx.catalog, recorder=recorder)
+    if ctx.vllm is not None:
+        from trajlake.trainer.hf_policy import HFTrainer
+
+        trainer = HFTrainer(
+            ctx.lake, config, catalog=ctx.catalog, recorder=recorder, model_dir=ctx.vllm.model_dir
+        )
+    else:
+        trainer = ReferenceTrainer(ctx.lake, config, catalog=ctx.catalog, recorder=recorder)
     trainer.setup()
     return trainer
 
@@ -208,7 +239,32 @@ class DemoContext:
     producer: Any
     consumer: Any
     sink: SinkThread
+    vllm: Any = None  # the VllmEngine, on the vllm engine
+    server: dict[str, Any] | None = None  # the vLLM server this demo started (stopped at the end)
     started: float = field(default_factory=time.monotonic)
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary the policy reads and writes."""
+        from trajlake.rollout.envs.vocab import VOCAB_SIZE
+
+        return self.vllm.vocab_size if self.vllm is not None else VOCAB_SIZE
+
+    @property
+    def model(self) -> str:
+        """What trajectories name as their model."""
+        from trajlake.rollout.envs.engines import TinyEngine
+
+        return self.vllm.model if self.vllm is not None else TinyEngine.model
+
+    def engine(self, trainer: Any) -> Any:
+        """The engine that serves `trainer`'s policy to the rollouts, starting from its current weights."""
+        from trajlake.rollout.envs.engines import TinyEngine
+
+        if self.vllm is None:
+            return TinyEngine(trainer)
+        self.vllm.reset()  # a fresh trainer: the server serves the model directory's weights again
+        return self.vllm
 
     @property
     def run_id(self) -> str:
@@ -234,7 +290,44 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
     if config.run_id is None:
         config = config.model_copy(update={"run_id": free_run_id(lake, catalog)})
     producer, consumer = make_buses(config)
-    return DemoContext(config, out, lake, catalog, producer, consumer, SinkThread(lake, consumer))
+    ctx = DemoContext(config, out, lake, catalog, producer, consumer, SinkThread(lake, consumer))
+    if config.engine == "vllm":
+        try:
+            start_vllm(ctx)
+        except BaseException:
+            cleanup(ctx)
+            raise
+    return ctx
+
+
+def start_vllm(ctx: DemoContext) -> None:
+    """Build the model directory if missing, start (or reach) the vLLM server, label its weights 0."""
+    from trajlake.ingest.broker import free_port
+    from trajlake.rollout.engine.model import init_model
+    from trajlake.rollout.engine.server import VllmServerConfig, start_server
+    from trajlake.rollout.envs.engines import VllmEngine
+
+    cfg = ctx.config
+    local = Path(ctx.lake.root) if "://" not in str(ctx.lake.root) else Path("./trajlake-data")
+    model_dir = Path(cfg.model_dir) if cfg.model_dir else local / "model"
+    if not (model_dir / "config.json").exists():
+        ctx.say(f"building a tiny Qwen2 chat model in {model_dir} (trajlake model init)")
+        init_model(model_dir)
+    if cfg.vllm_url:
+        base_url, name = cfg.vllm_url, served_name(cfg.vllm_url)
+    else:
+        ctx.say("starting vLLM (trajlake vllm up; the first run installs it into a cached venv)")
+        server = VllmServerConfig(model=model_dir, port=free_port(), state_dir=local / "vllm", seed=cfg.seed)
+        ctx.server = start_server(server, log=ctx.out, die_with_parent=True)
+        base_url, name = ctx.server["base_url"], ctx.server["model"]
+    ctx.vllm = VllmEngine(model_dir, base_url, name, cfg.env.temperature)
+
+
+def served_name(base_url: str) -> str:
+    """The model a running server serves (its first entry of /v1/models)."""
+    import httpx
+
+    return str(httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=30).json()["data"][0]["id"])
 
 
 def free_run_id(lake: Any, catalog: Any) -> str:
@@ -252,28 +345,46 @@ def cleanup(ctx: DemoContext) -> None:
     for bus in {id(ctx.producer): ctx.producer, id(ctx.consumer): ctx.consumer}.values():
         bus.close()
     ctx.catalog.close()
+    if ctx.vllm is not None:
+        ctx.vllm.close()
+    if ctx.server is not None:
+        from trajlake.rollout.engine.server import stop_server
+
+        stop_server(Path(ctx.server["log"]).parent, ctx.server["port"])
 
 
 # -- phases ----------------------------------------------------------------------------------------
 def play_candidates(
-    recorder: Any, client: Any, tasks: list[Any], samples: int, env: EnvConfig, seed: int
+    ctx: DemoContext, recorder: Any, engine: Any, tasks: list[Any], samples: int, env: EnvConfig, seed: int
 ) -> list[Any]:
-    """Play `samples` episodes of each task in this thread (the overfit check's small batches)."""
+    """Play `samples` episodes of each task on `workers` threads (the overfit check's small batches).
+
+    Each task's episodes draw from their own seeded rng, so the results do not depend on scheduling.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     from trajlake.rollout.envs.loop import play_group
 
-    rng = random.Random(seed)
-    results = []
-    for task in tasks:
-        results += play_group(recorder, task, task.task_id, samples, client, env, rng, "tinypolicy-d64")
-    return results
+    idle = queue.SimpleQueue()
+    for i in range(ctx.config.workers):
+        idle.put(engine.policy(seed + i, env))
+
+    def play(index: int, task: Any) -> list[Any]:
+        client = idle.get()
+        try:
+            rng = random.Random(seed * 7919 + index)
+            return play_group(recorder, task, task.task_id, samples, client, env, rng, ctx.model)
+        finally:
+            idle.put(client)
+
+    with ThreadPoolExecutor(ctx.config.workers, thread_name_prefix="overfit") as pool:
+        return [r for group in pool.map(play, range(len(tasks)), tasks) for r in group]
 
 
 def overfit_check(ctx: DemoContext) -> dict[str, Any]:
     """Find tasks with reward variance, train a few steps on exactly them, and measure the change."""
     from trajlake.rollout.envs.config import FaultConfig
-    from trajlake.rollout.envs.loop import LocalPolicyClient, PolicyStore
     from trajlake.rollout.envs.tasks import make_task
-    from trajlake.rollout.envs.vocab import VOCAB_SIZE
     from trajlake.rollout.recorder import Recorder
     from trajlake.trainer.overfit import select_overfit
 
@@ -284,7 +395,7 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
         f"[1/2] overfit check: {n_wanted} tasks with non-zero reward variance, {samples} samples each (run {run_id})"
     )
     recorder = Recorder(
-        ctx.producer, run_id, vocab_size=VOCAB_SIZE, producer_id="demo-overfit", flush_each_turn=False
+        ctx.producer, run_id, vocab_size=ctx.vocab_size, producer_id="demo-overfit", flush_each_turn=False
     )
     # every token keeps its gradient under GLM-5-style truncated IS, so repeated steps on one batch can overfit
     trainer = make_trainer(
@@ -297,8 +408,7 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
         groups_per_batch=n_wanted,
         group_wait_s=0.0,
     )
-    store = PolicyStore(trainer.policy.snapshot())
-    client = LocalPolicyClient(store, cfg.seed + 1, cfg.env.temperature)
+    engine = ctx.engine(trainer)
     # learnability is under test here, not the harness: no injected faults
     clean = cfg.env.model_copy(update={"faults": FaultConfig.none()})
     rng = random.Random(cfg.seed + 2)
@@ -308,7 +418,7 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
         tasks = [make_task(index + i, rng, clean) for i in range(2 * n_wanted)]
         index += len(tasks)
         candidates.update((t.task_id, t) for t in tasks)
-        results = play_candidates(recorder, client, tasks, samples, clean, cfg.seed + 100 + round_)
+        results = play_candidates(ctx, recorder, engine, tasks, samples, clean, cfg.seed + 100 + round_)
         played += len(results)
         ctx.producer.flush()
         wait_for_trajectories(ctx.lake, ctx.sink, run_id, played)
@@ -326,9 +436,9 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
         # the same batch every step (that is the overfitting); its hand-out is committed once
         metrics = trainer.train_step(batch, commit=step == 0)
         losses.append(metrics["loss"])
-    store.publish(trainer.policy.snapshot())
+    engine.publish(trainer)
     replay = [candidates[task_id] for task_id in chosen]
-    after_results = play_candidates(recorder, client, replay, samples, clean, cfg.seed + 999)
+    after_results = play_candidates(ctx, recorder, engine, replay, samples, clean, cfg.seed + 999)
     after = [r.reward for r in after_results if r.reward is not None and not r.is_system_failure]
     report = {
         "run_id": run_id,
@@ -359,10 +469,9 @@ def task_stream(seed: int, env: EnvConfig) -> Any:
         yield task, task.task_id
 
 
-def start_workers(ctx: DemoContext, feed: Any, store: Any) -> Any:
+def start_workers(ctx: DemoContext, feed: Any, engine: Any) -> Any:
     """Rollout workers on a local Ray runtime, or threads with `--no-ray`; already started."""
     from trajlake.rollout.envs.loop import RolloutThreads
-    from trajlake.rollout.envs.vocab import VOCAB_SIZE
     from trajlake.rollout.recorder import Recorder
 
     cfg = ctx.config
@@ -371,7 +480,7 @@ def start_workers(ctx: DemoContext, feed: Any, store: Any) -> Any:
         return Recorder(
             ctx.producer,
             cfg.run_id,
-            vocab_size=VOCAB_SIZE,
+            vocab_size=ctx.vocab_size,
             producer_id=f"demo-rollout-{i}",
             flush_each_turn=False,
         )
@@ -380,18 +489,18 @@ def start_workers(ctx: DemoContext, feed: Any, store: Any) -> Any:
         from trajlake.rollout.envs.ray_workers import RolloutActors
 
         workers: Any = RolloutActors(
-            cfg.workers, feed, make_recorder(0), store, cfg.env, cfg.samples_per_group, cfg.seed
+            cfg.workers, feed, make_recorder(0), engine, cfg.env, cfg.samples_per_group, cfg.seed
         )
     else:
         workers = RolloutThreads(
             cfg.workers,
             feed,
             make_recorder,
-            store,
+            lambda seed: engine.policy(seed, cfg.env),
             cfg.env,
             cfg.samples_per_group,
             cfg.seed,
-            model="tinypolicy-d64",
+            model=ctx.model,
         )
     workers.start()
     return workers
@@ -399,8 +508,7 @@ def start_workers(ctx: DemoContext, feed: Any, store: Any) -> Any:
 
 def train_run(ctx: DemoContext) -> dict[str, Any]:
     """The async run: workers play with the newest weights while the trainer samples from the lake."""
-    from trajlake.rollout.envs.loop import PolicyStore, TaskFeed
-    from trajlake.rollout.envs.vocab import VOCAB_SIZE
+    from trajlake.rollout.envs.loop import TaskFeed
     from trajlake.rollout.recorder import Recorder
     from trajlake.trainer.sampler import Sampler
 
@@ -410,10 +518,10 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
         f"[2/2] async RL run: {cfg.steps} steps x {cfg.groups_per_step} groups x {cfg.samples_per_group} samples, "
         f"max_staleness {cfg.max_staleness}, fresh weights"
     )
-    recorder = Recorder(ctx.producer, run_id, vocab_size=VOCAB_SIZE, producer_id="demo-trainer")
+    recorder = Recorder(ctx.producer, run_id, vocab_size=ctx.vocab_size, producer_id="demo-trainer")
     trainer = make_trainer(ctx, run_id, recorder, "ppo")
     ctx.catalog.register_run(run_id, cfg.model_dump(mode="json"))
-    store = PolicyStore(trainer.policy.snapshot())
+    engine = ctx.engine(trainer)
     feed = TaskFeed(task_stream(cfg.seed + 10_000, cfg.env), max_ahead=2 * cfg.groups_per_step)
     # groups whose samples all scored the same carry no GRPO signal: the trainer's sampler leaves
     # them out, but the demo falls back to them rather than stall once the policy solves (or
@@ -426,7 +534,7 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
         owner=with_signal.owner,
         recorder=recorder,
     )
-    workers = start_workers(ctx, feed, store)
+    workers = start_workers(ctx, feed, engine)
     progress = Progress(cfg.steps, "train", ctx.out)
     step = 0
     try:
@@ -444,7 +552,7 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
             # step runs and switch to the new version mid-episode when it is published
             feed.release(len({s.group_id for s in batch.samples}))
             metrics = trainer.train_step(batch, commit=False)
-            store.publish(trainer.policy.snapshot())  # workers load it before their next turn
+            engine.publish(trainer)  # workers sample with it from their next turn on
             sampler.commit(batch)
             step += 1
             progress.update(

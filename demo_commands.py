@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default
 
@@ -21,6 +22,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train from the lake with a staleness-bounded sampler, and print what changed.",
     )
     add_lake_option(p)
+    p.add_argument(
+        "--engine",
+        choices=("tiny", "vllm"),
+        default=env_default("ENGINE", "vllm"),
+        help="vllm: a Qwen2 chat model served by a local vLLM server (installed once into a cached venv), its "
+        "weights updated in place after every step; tiny: a GRU policy in each worker, no server "
+        "(env TRAJLAKE_ENGINE; default %(default)s)",
+    )
+    p.add_argument(
+        "--model-dir",
+        default=env_default("MODEL"),
+        help="--engine vllm: model directory to serve and train (env TRAJLAKE_MODEL; default <lake>/model, "
+        "made by `trajlake model init` if missing)",
+    )
+    p.add_argument(
+        "--vllm-url",
+        default=env_default("VLLM_URL"),
+        help="--engine vllm: a running server started by `trajlake vllm up` (env TRAJLAKE_VLLM_URL; "
+        "default: start one for the run)",
+    )
     p.add_argument(
         "--steps",
         type=int,
@@ -45,8 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workers",
         type=int,
-        default=int(env_default("WORKERS", "2") or 2),
-        help="rollout workers (env TRAJLAKE_WORKERS; default %(default)s)",
+        default=env_default("WORKERS"),
+        help="rollout workers, episodes in flight (env TRAJLAKE_WORKERS; default 2 on tiny, 8 on vllm)",
     )
     p.add_argument(
         "--seed",
@@ -81,6 +102,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handle)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def handle(args: argparse.Namespace) -> int:
     """Run the demo; exit 0 when it learned, 1 when it did not."""
     from pydantic import ValidationError
@@ -90,6 +115,9 @@ def handle(args: argparse.Namespace) -> int:
     try:
         config = DemoConfig(
             lake=args.lake,
+            engine=args.engine,
+            model_dir=args.model_dir,
+            vllm_url=args.vllm_url,
             steps=args.steps,
             kafka=args.kafka,
             topic=args.topic,
@@ -105,6 +133,8 @@ def handle(args: argparse.Namespace) -> int:
             f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors()
         )
         raise CliError(f"invalid demo settings: {problems}") from None
+    # a terminated demo unwinds like an interrupted one, so the vLLM server it started is stopped
+    signal.signal(signal.SIGTERM, _interrupt)
     summary = run_demo(config)
     if args.json_path:
         with open(args.json_path, "w") as fh:

@@ -153,7 +153,7 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
     p(
         f"trajectories spanning policy versions: {summary['spanning_trajectories']}; staleness max "
         f"{summary['staleness']['max']}, mean {_fmt(summary['staleness']['mean'])}; train/rollout logprob "
-        f"mismatch mean {_fmt(summary['mismatch']['mean'], '.4f')}"
+        f"mismatch mean {_fmt(summary['mismatch']['mean'], '.2e')}"
     )
     p("rows per table: " + ", ".join(f"{t} {n}" for t, n in summary["tables"].items()))
     p()

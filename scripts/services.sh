@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Start (or stop) the real servers the integration tests use: PostgreSQL and Apache Kafka.
+# Start (or stop) the real servers the integration tests use: PostgreSQL, Apache Kafka and vLLM.
 #
-#   eval "$(scripts/services.sh up VENV STATE_DIR)"   # exports TRAJLAKE_TEST_POSTGRES_URL, TRAJLAKE_KAFKA_BOOTSTRAP
+#   eval "$(scripts/services.sh up VENV STATE_DIR)"   # exports TRAJLAKE_TEST_POSTGRES_URL, TRAJLAKE_KAFKA_BOOTSTRAP,
+#                                                     # TRAJLAKE_TEST_VLLM_* (a tiny model served by vLLM on CPU)
 #   scripts/services.sh down VENV STATE_DIR
 set -euo pipefail
 action=$1 venv=$2 state=$3
@@ -32,7 +33,18 @@ if [ "$action" = up ]; then
   kafka_port=$(free_port)
   "$venv/bin/trajlake" kafka up --port "$kafka_port" --data-dir "$state/kafka" >&2
   echo "export TRAJLAKE_KAFKA_BOOTSTRAP=127.0.0.1:$kafka_port"
+
+  # vLLM in its own cached venv (installed on first use), serving a tiny model built here
+  model_dir="$state/vllm-model"
+  "$venv/bin/trajlake" model init "$model_dir" >&2
+  vllm_port=$(free_port)
+  "$venv/bin/trajlake" vllm up --model "$model_dir" --name tiny --port "$vllm_port" --state-dir "$state/vllm" >&2
+  echo "export TRAJLAKE_TEST_VLLM_URL=http://127.0.0.1:$vllm_port"
+  echo "export TRAJLAKE_TEST_VLLM_PORT=$vllm_port"
+  echo "export TRAJLAKE_TEST_VLLM_MODEL_DIR=$model_dir"
+  echo "export TRAJLAKE_TEST_VLLM_STATE_DIR=$state/vllm"
 else
+  "$venv/bin/trajlake" vllm down --state-dir "$state/vllm" >&2 || true
   "$venv/bin/trajlake" kafka down --data-dir "$state/kafka" >&2 || true
   if [ -n "$pg_bin" ] && [ -d "$state/postgres/data" ]; then
     as_postgres "$pg_bin/pg_ctl" -D "$state/postgres/data" -m immediate stop >&2 || true

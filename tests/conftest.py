@@ -14,7 +14,12 @@ from trajlake.store.lake import Lake
 
 pytest_plugins = [
     name
-    for name in ("tests.fixtures.postgres", "tests.fixtures.kafka", "tests.fixtures.s3")
+    for name in (
+        "tests.fixtures.postgres",
+        "tests.fixtures.kafka",
+        "tests.fixtures.s3",
+        "tests.fixtures.vllm",
+    )
     if (Path(__file__).parent / "fixtures" / (name.rsplit(".", 1)[1] + ".py")).exists()
 ]
 

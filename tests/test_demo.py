@@ -43,7 +43,9 @@ def rows_of_run(lake: Lake, table: str, run_id: str) -> int:
 def short_demo(tmp_path_factory) -> tuple[int, dict, Lake]:
     """One shortened demo (threads, 24 steps, doubled fault rates) shared by the tests below."""
     tmp_path = tmp_path_factory.mktemp("demo")
-    return run_demo_cli(tmp_path, "short", "--no-ray", "--steps", "24", "--fault-rate", "2")
+    return run_demo_cli(
+        tmp_path, "short", "--engine", "tiny", "--no-ray", "--steps", "24", "--fault-rate", "2"
+    )
 
 
 @pytest.mark.slow
@@ -119,7 +121,7 @@ def test_demo_rejects_bad_settings_with_the_option_to_fix(tmp_path, capsys):
 def test_the_demo_over_kafka_fills_the_same_tables(tmp_path, kafka_topic, monkeypatch):
     monkeypatch.setenv("TRAJLAKE_KAFKA_SPOOL_DIR", str(tmp_path / "spool"))
     code, summary, lake = run_demo_cli(
-        tmp_path, "kafka", "--no-ray", "--steps", "6", "--overfit-tasks", "0", "--fault-rate", "3",
+        tmp_path, "kafka", "--engine", "tiny", "--no-ray", "--steps", "6", "--overfit-tasks", "0", "--fault-rate", "3",
         "--kafka", kafka_topic.bootstrap, "--topic", kafka_topic.topic,
     )  # fmt: skip
 
@@ -135,7 +137,9 @@ def test_the_demo_over_kafka_fills_the_same_tables(tmp_path, kafka_topic, monkey
 @pytest.mark.integration
 @pytest.mark.slow
 def test_the_demo_on_local_ray_workers_fills_the_same_tables(tmp_path):
-    code, _, lake = run_demo_cli(tmp_path, "ray", "--steps", "8", "--overfit-tasks", "0", "--fault-rate", "3")
+    code, _, lake = run_demo_cli(
+        tmp_path, "ray", "--engine", "tiny", "--steps", "8", "--overfit-tasks", "0", "--fault-rate", "3"
+    )
 
     assert code in (0, 1)  # eight steps are too few to judge learning; the Ray path is under test
     empty = [t for t in TABLES if rows_of_run(lake, t, "ray") == 0]
@@ -147,3 +151,71 @@ def test_the_demo_on_local_ray_workers_fills_the_same_tables(tmp_path):
     assert this_process not in producers.column(0).to_pylist()  # episodes ran in Ray worker processes
     versions = lake.sql("select max(policy_version) from turns where run_id = 'ray'").column(0)[0].as_py()
     assert versions >= 4  # the workers picked up the weights the trainer published
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_demo_on_vllm_learns_and_turns_carry_the_servers_weight_versions(
+    tmp_path, vllm_server, monkeypatch
+):
+    code, summary, lake = run_demo_cli(
+        tmp_path, "engine", "--engine", "vllm", "--vllm-url", vllm_server.url, "--model-dir", str(vllm_server.model_dir),
+        "--no-ray", "--steps", "24", "--overfit-tasks", "0",
+    )  # fmt: skip
+
+    rewards = reward_by_version(lake, "engine")
+    assert code == 0 and summary["learned"], f"reward by version did not rise enough: {rewards}"
+    # every turn names the weights the server had when it sampled it (its weight_versions spans)
+    versions = (
+        lake.sql("select distinct policy_version from turns where run_id = 'engine'").column(0).to_pylist()
+    )
+    assert 0 in versions and max(versions) >= 20
+    models = lake.sql("select distinct model from trajectories where run_id = 'engine'").column(0).to_pylist()
+    assert models == [str(vllm_server.model_dir.resolve())]  # the tokenizer that decodes them
+    assert (
+        lake.sql("select count(*) from trajectories where run_id = 'engine' and tito_drift")
+        .column(0)[0]
+        .as_py()
+        == 0
+    )
+    # the mismatch is the engine's against the trainer's: real, and healthy in float32
+    mismatch = (
+        lake.sql("select mismatch from trainer_steps where run_id = 'engine' and mismatch is not null")
+        .column(0)
+        .to_pylist()
+    )
+    assert mismatch and all(m < 0.03 for m in mismatch) and any(m > 0 for m in mismatch)
+
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("TRAJLAKE_LAKE", lake.root)
+    at = AppTest.from_file(str(Path(__file__).parents[1] / "dashboards" / "app.py"), default_timeout=120)
+    at.query_params["page"] = "async"
+    at.query_params["run"] = "engine"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = {m.label: m.value for m in at.metric}["Logprob mismatch (latest step)"]
+    assert "e-" in shown and float(shown) < 0.03, shown
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_vllm_demo_on_ray_workers_samples_from_the_server_in_worker_processes(tmp_path, vllm_server):
+    code, _, lake = run_demo_cli(
+        tmp_path, "ray-engine", "--engine", "vllm", "--vllm-url", vllm_server.url,
+        "--model-dir", str(vllm_server.model_dir), "--workers", "4", "--steps", "4", "--overfit-tasks", "0",
+    )  # fmt: skip
+
+    assert code in (0, 1)  # four steps are too few to judge learning; the Ray path is under test
+    producers = (
+        lake.sql(
+            "select distinct producer_id from events where run_id = 'ray-engine' and event_type = 'turn'"
+        )
+        .column(0)
+        .to_pylist()
+    )
+    assert f"{socket.gethostname()}:{os.getpid()}" not in producers  # episodes ran in Ray worker processes
+    versions = (
+        lake.sql("select max(policy_version) from turns where run_id = 'ray-engine'").column(0)[0].as_py()
+    )
+    assert versions >= 2  # the server's weights changed under the running workers

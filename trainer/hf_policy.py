@@ -103,6 +103,7 @@ class HFTrainer(ReferenceTrainer):
     def __init__(self, *args: Any, model_dir: str | Path, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.model_dir = Path(model_dir)
+        self.last_checkpoint: str | None = None  # what a weight update loads into the inference server
 
     def build_policy(self, vocab_size: int) -> HFPolicy:
         """The model in `model_dir` (its own vocabulary; `vocab_size` of the run must fit it)."""
@@ -125,4 +126,5 @@ class HFTrainer(ReferenceTrainer):
     def save_checkpoint(self) -> str:
         """Write the model directory `<checkpoint_dir>/step-<step>`; return its path."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        return self.policy.save(self.checkpoint_dir / f"step-{self.step:06d}")
+        self.last_checkpoint = self.policy.save(self.checkpoint_dir / f"step-{self.step:06d}")
+        return self.last_checkpoint

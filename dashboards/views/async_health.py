@@ -23,7 +23,7 @@ def render(ctx: PageContext) -> None:
     last = mismatch.to_pylist()[-1] if mismatch.num_rows else None
     cols[2].metric(
         "Logprob mismatch (latest step)",
-        fmt(last and last["mismatch"], 4),
+        "–" if last is None or last["mismatch"] is None else f"{last['mismatch']:.2e}",  # fp32: ~1e-6
         None if last is None else ("healthy" if last["healthy"] else f"above {MISMATCH_THRESHOLD}"),
         delta_color="normal" if last is None or last["healthy"] else "inverse",
     )

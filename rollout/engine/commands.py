@@ -101,8 +101,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     up.add_argument("--json", action="store_true", help="print the server record as JSON")
     up.set_defaults(handler=run_vllm_up)
-    down = actions.add_parser("down", help="stop the server this state dir started on --port")
-    _port_option(down)
+    down = actions.add_parser("down", help="stop the server this state dir started on --port (default: all)")
+    down.add_argument(
+        "--port",
+        type=int,
+        default=env_default("VLLM_PORT"),
+        help="port of the server to stop (env TRAJLAKE_VLLM_PORT; default: every server of the state dir)",
+    )
     _state_dir_option(down)
     down.set_defaults(handler=run_vllm_down)
     status = actions.add_parser("status", help="the servers this state dir started, and whether they answer")
@@ -177,12 +182,16 @@ def run_vllm_up(args: argparse.Namespace) -> int:
 
 
 def run_vllm_down(args: argparse.Namespace) -> int:
-    from trajlake.rollout.engine.server import stop_server
+    from trajlake.rollout.engine.server import list_records, stop_server
 
-    if stop_server(Path(args.state_dir), args.port):
-        print(f"stopped the vLLM server on port {args.port}")
-    else:
-        print(f"no vLLM server started from {args.state_dir} is running on port {args.port}")
+    ports = [args.port] if args.port is not None else [r["port"] for r in list_records(Path(args.state_dir))]
+    for port in ports:
+        if stop_server(Path(args.state_dir), port):
+            print(f"stopped the vLLM server on port {port}")
+        else:
+            print(f"no vLLM server started from {args.state_dir} is running on port {port}")
+    if not ports:
+        print(f"no vLLM server recorded in {args.state_dir}")
     return 0
 
 

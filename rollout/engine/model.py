@@ -123,7 +123,7 @@ class ModelInitError(RuntimeError):
 
 def corpus(tools: Iterable[str]) -> list[str]:
     """Text the BPE merges are learned from: the chat markup and the demo's task language."""
-    from trajlake.rollout.envs import vocab
+    from trajlake.rollout.envs import chat_episode, vocab
 
     words = [*vocab.WORDS, *vocab.DIGITS, *vocab.OPERATORS, *vocab.LETTERS]
     lines = [
@@ -131,7 +131,9 @@ def corpus(tools: Iterable[str]) -> list[str]:
         "You may call one or more functions to assist with the user query.",
         "For each function call, return a json object with function name and arguments within",
         '{"type": "function", "function": {"name": "calc", "description": "Evaluate", "parameters": {}}}',
-        "Use a tool. Answer with the answer tool. The context budget is almost used up.",
+        chat_episode.SYSTEM_PROMPT,
+        chat_episode.NO_ACTION_PROMPT,
+        f"{IM_START}system\n{IM_END}\n{IM_START}user\n{IM_END}\n{IM_START}assistant\n{IM_END}\n",
         "the quick brown fox jumps over the lazy dog; The Quick Brown Fox 0123456789",
         *(tool_call_text(name, {"expression": "3 + 4"}) for name in tools),
         *(f"{TOOL_RESPONSE}\n{w} {w}\n{END_TOOL_RESPONSE}" for w in words),

@@ -208,8 +208,14 @@ def server_env(device: str) -> dict[str, str]:
     return env
 
 
-def start_server(config: VllmServerConfig, log: Any = None) -> dict[str, Any]:
-    """Start (or find running) the server on `config.port`; return its record (base_url, pid, …)."""
+def start_server(
+    config: VllmServerConfig, log: Any = None, *, die_with_parent: bool = False
+) -> dict[str, Any]:
+    """Start (or find running) the server on `config.port`; return its record (base_url, pid, …).
+
+    `die_with_parent`: the server gets SIGTERM when this process dies, however it dies (a run that
+    starts its own server must not leave it behind; `trajlake vllm up` leaves it running).
+    """
     check_model_dir(config.model)
     running = read_record(config.state_dir, config.port)
     if running is not None:
@@ -227,6 +233,7 @@ def start_server(config: VllmServerConfig, log: Any = None) -> dict[str, Any]:
         proc = subprocess.Popen(
             server_command(venv, config, device), stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, env=server_env(device), start_new_session=True,
+            preexec_fn=_terminate_with_parent if die_with_parent else None,
         )  # fmt: skip
     record = {
         "pid": proc.pid, "started_at": _process_start_time(proc.pid), "port": config.port,
@@ -241,6 +248,13 @@ def start_server(config: VllmServerConfig, log: Any = None) -> dict[str, Any]:
         stop_server(state, config.port)
         raise
     return record
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def wait_until_ready(record: dict[str, Any], timeout_s: float, proc: subprocess.Popen | None = None) -> None:

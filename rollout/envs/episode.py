@@ -24,6 +24,8 @@ from trajlake.rollout.tools import ToolResult, ToolRunner
 ENVIRONMENT = "trajlake-demo-tools"
 HARNESS = "trajlake-demo-harness"
 VERIFIER = "exact_match+right_tool_credit"
+ANSWER = "answer"
+"""The action that submits the last tool result to the verifier."""
 
 TRUNCATED_ANSWER = taxonomy.Failure("completed", taxonomy.SYSTEM, taxonomy.TOOL_DESIGN, reward_valid=False)
 """The answer was right but cut off by the tool's output budget: the tool's design, not the model."""
@@ -98,37 +100,61 @@ class Episode:
     def _play(self) -> EpisodeResult:
         budget = self.config.context_budget_tokens
         for _ in range(self.config.max_turns):
-            nudge = self.runner.nudge(len(self.context) / budget)
+            nudge = self.runner.nudge(self.context_len / budget)
             if nudge:
-                self._append(vocab.encode(nudge.split()))
+                self._append_nudge(nudge)
                 self.result.nudged = True
-            remaining = budget - len(self.context)
+            remaining = budget - self.context_len
             if remaining <= 0:
                 return self._finish(taxonomy.CONTEXT_EXHAUSTED, "the context budget is used up")
             action = self._turn(min(self.config.max_new_tokens, remaining), nudged=bool(nudge))
-            if action == vocab.ANSWER:
+            if action == ANSWER:
                 return self._answer()
-            if action in vocab.TOOL_OF_CALL:
-                failure = self._call(vocab.TOOL_OF_CALL[action])
+            if action is not None:
+                failure = self._call(action)
                 if failure is not None:
                     return self._finish(failure, self.last_tool.output if self.last_tool else None)
-            if len(self.context) >= budget:
+            if self.context_len >= budget:
                 return self._finish(taxonomy.CONTEXT_EXHAUSTED, "the context budget is used up")
         return self._finish(taxonomy.MAX_TURNS, f"no answer in {self.config.max_turns} turns")
+
+    # -- what depends on how the policy reads and writes: demo vocabulary ids here, chat in ChatEpisode
+    @property
+    def context_len(self) -> int:
+        """Tokens in the context so far."""
+        return len(self.context)
 
     def _append(self, ids: list[int]) -> None:
         self.appended.extend(ids)
         self.context.extend(ids)
 
-    def _turn(self, max_new_tokens: int, nudged: bool) -> int:
+    def _append_nudge(self, nudge: str) -> None:
+        self._append(vocab.encode(nudge.split()))
+
+    def _append_result(self, result: ToolResult) -> None:
+        self._append(result_tokens(result.output_token_ids, result.ok))
+
+    def _submitted(self, tool: ToolResult) -> tuple[str, ...]:
+        """The answer a submitted tool result stands for (its tokens, without the truncation marker)."""
+        return tuple(vocab.TOKENS[i] for i in tool.output_token_ids if i != vocab.TRUNCATED)
+
+    def _turn(self, max_new_tokens: int, nudged: bool) -> str | None:
+        """Sample and record one model turn; return its action: a tool name, ANSWER, or None."""
         ids, logprobs, version = self.policy.sample(self.context, max_new_tokens, vocab.STOP_IDS)
+        self._record_turn(ids, logprobs, version, "stop" if ids[-1] in vocab.STOP_IDS else "length", nudged)
+        self.context.extend(ids)
+        return ANSWER if ids[-1] == vocab.ANSWER else vocab.TOOL_OF_CALL.get(ids[-1])
+
+    def _record_turn(
+        self, ids: list[int], logprobs: list[float], version: int, finish_reason: str | None, nudged: bool
+    ) -> None:
         self.traj.turn(
             ids,
             logprobs,
             version,
             input_token_ids=self.appended,
-            finish_reason="stop" if ids[-1] in vocab.STOP_IDS else "length",
-            context_used_fraction=(len(self.context) + len(ids)) / self.config.context_budget_tokens,
+            finish_reason=finish_reason,
+            context_used_fraction=(self.context_len + len(ids)) / self.config.context_budget_tokens,
             nudged=nudged,
         )
         record = self.result
@@ -138,8 +164,6 @@ class Episode:
         record.n_turns += 1
         record.policy_versions.append(int(version))
         self.appended = []
-        self.context.extend(ids)
-        return ids[-1]
 
     def _call(self, tool_name: str) -> taxonomy.Failure | None:
         """Run the model's call (retrying a timeout); return the failure if a system fault ends the episode."""
@@ -158,7 +182,7 @@ class Episode:
             return taxonomy.INFRA_FAILED
         if result.error_type == "tool_error" and result.output.startswith("ModuleNotFoundError"):
             return taxonomy.classify_exception_name("ModuleNotFoundError")
-        self._append(result_tokens(result.output_token_ids, result.ok))
+        self._append_result(result)
         return None
 
     def _answer(self) -> EpisodeResult:
@@ -170,7 +194,7 @@ class Episode:
         tool = self.last_tool
         submitted = None
         if tool is not None and tool.ok:
-            submitted = tuple(vocab.TOKENS[i] for i in tool.output_token_ids if i != vocab.TRUNCATED)
+            submitted = self._submitted(tool)
         components = reward_components(self.task, submitted, self.used_right_tool)
         self._reward(components)
         if components["correct"] > 0:
@@ -227,7 +251,9 @@ def run_episode(
     result = EpisodeResult(traj.trajectory_id, task.task_id, group_id)
     try:
         with traj:  # an exception in the harness is recorded as a system failure by the recorder
-            return Episode(task, policy, traj, config, rng, result).run()
+            # a chat policy (vLLM) plays a ChatEpisode; the vocabulary policies play Episode
+            episode_type = getattr(policy, "episode_type", Episode)
+            return episode_type(task, policy, traj, config, rng, result).run()
     except HarnessBug:
         failure = taxonomy.HARNESS_FAILED
         result.status, result.failure_origin, result.failure_label = (

@@ -146,14 +146,14 @@ def play_group(
 
 
 class RolloutThreads:
-    """Rollout workers as threads in this process (`--no-ray`), sharing a `PolicyStore`."""
+    """Rollout workers as threads in this process (`--no-ray`); `make_policy(seed)` gives each its client."""
 
     def __init__(
         self,
         n_workers: int,
         feed: TaskFeed,
         make_recorder: Callable[[int], Recorder],
-        store: PolicyStore,
+        make_policy: Callable[[int], Any],
         config: EnvConfig,
         samples_per_group: int,
         seed: int,
@@ -166,7 +166,7 @@ class RolloutThreads:
                 target=self._work,
                 args=(
                     make_recorder(i),
-                    LocalPolicyClient(store, seed * 1000 + i, config.temperature),
+                    make_policy(seed * 1000 + i),
                     config,
                     samples_per_group,
                     random.Random(seed * 1000 + i),
@@ -186,7 +186,7 @@ class RolloutThreads:
     def _work(
         self,
         recorder: Recorder,
-        client: LocalPolicyClient,
+        client: Any,
         config: EnvConfig,
         samples: int,
         rng: random.Random,

@@ -24,8 +24,6 @@ from trajlake.rollout.envs.vocab import VOCAB_SIZE
 from trajlake.rollout.recorder import Recorder, TrajectoryRecorder
 from trajlake.rollout.workers import AgentTask
 
-MODEL = "tinypolicy-d64"
-
 
 class PolicyBoard:
     """Ray actor state: the newest policy version and the object ref of its weights snapshot."""
@@ -96,6 +94,30 @@ def demo_agent(traj: TrajectoryRecorder, task: AgentTask) -> None:
     Episode(demo_task, client, traj, env, random.Random(p["seed"]), result).run()
 
 
+_CHAT_POLICIES: dict[tuple[str, str], Any] = {}
+"""Per worker process: one chat policy (tokenizer, pooled TITO client) per server and model."""
+
+
+def chat_agent(traj: TrajectoryRecorder, task: AgentTask) -> None:
+    """The agent loop a Ray task runs with a vLLM-served chat model: one `ChatEpisode`."""
+    from trajlake.rollout.envs.chat_episode import ChatEpisode, ChatPolicy
+    from trajlake.rollout.tito import TitoClient
+
+    p = task.payload
+    env = EnvConfig.model_validate(p["env"])
+    key = (p["base_url"], p["model_dir"])
+    if key not in _CHAT_POLICIES:
+        from trajlake.rollout.config import TitoConfig
+
+        client = TitoClient(TitoConfig(base_url=p["base_url"], model=p["served_name"], route="generate"))
+        _CHAT_POLICIES[key] = ChatPolicy.from_model_dir(client, p["model_dir"], env.temperature)
+    demo_task = Task(
+        task.task_id, p["kind"], tuple(p["operands"]), tuple(p["prompt_ids"]), tuple(p["answer"])
+    )
+    result = EpisodeResult(traj.trajectory_id, task.task_id, task.group_id or task.task_id)
+    ChatEpisode(demo_task, _CHAT_POLICIES[key], traj, env, random.Random(p["seed"]), result).run()
+
+
 def results_from_events(events: list[dict[str, Any]]) -> list[EpisodeResult]:
     """Episode outcomes read back from a group's events (what the feed needs to know)."""
     by_id: dict[str, EpisodeResult] = {}
@@ -120,7 +142,7 @@ class RolloutActors:
         n_workers: int,
         feed: TaskFeed,
         recorder: Recorder,
-        store: PolicyStore,
+        engine: Any,
         config: EnvConfig,
         samples_per_group: int,
         seed: int,
@@ -136,8 +158,15 @@ class RolloutActors:
             )
         self.ray = ray
         self.pool = AgentPool(WorkerConfig(type="ray", num_cpus=n_workers))
-        self.board: Any = ray.remote(num_cpus=0)(PolicyBoard).remote()
-        self.feed, self.recorder, self.store, self.config = feed, recorder, store, config
+        # the tiny policy's weights travel through a board actor; a vLLM server holds its own
+        self.store: PolicyStore | None = getattr(engine, "store", None)
+        if self.store is not None:
+            self.board: Any = ray.remote(num_cpus=0)(PolicyBoard).remote()
+            self.agent, self.engine_payload = demo_agent, {"board": self.board}
+        else:
+            self.agent, self.engine_payload = chat_agent, engine.payload()
+        self.model = engine.model
+        self.feed, self.recorder, self.config = feed, recorder, config
         self.samples, self.seed = samples_per_group, seed
         self.errors: list[BaseException] = []
         self.crashed = 0
@@ -154,6 +183,8 @@ class RolloutActors:
             thread.start()
 
     def _sync_weights(self) -> None:
+        if self.store is None:
+            return
         snapshot = self.store.latest()
         version = int(snapshot["version"])
         if version != self._published:
@@ -182,7 +213,7 @@ class RolloutActors:
                     for i in range(self.samples)
                 ]
                 collector = _Collector(self.recorder)
-                outcomes = self.pool.run(demo_agent, tasks, collector.recorder)
+                outcomes = self.pool.run(self.agent, tasks, collector.recorder)
                 self.crashed += sum(o.crashed for o in outcomes)
                 self.recorder.bus.publish(collector.events)
                 self.feed.add_results(results_from_events(collector.events))
@@ -191,9 +222,9 @@ class RolloutActors:
             self.feed.stop()
 
     def _agent_task(self, task: Task, group_id: str, index: int, env: dict[str, Any], seed: int) -> AgentTask:
-        payload = {"env": env, "board": self.board, "seed": seed, "kind": task.kind, "operands": list(task.operands),
-                   "prompt_ids": list(task.prompt_ids), "answer": list(task.answer)}  # fmt: skip
-        return AgentTask(task.task_id, group_id, index, environment=ENVIRONMENT, harness=HARNESS, model=MODEL,
+        payload = {"env": env, "seed": seed, "kind": task.kind, "operands": list(task.operands),
+                   "prompt_ids": list(task.prompt_ids), "answer": list(task.answer), **self.engine_payload}  # fmt: skip
+        return AgentTask(task.task_id, group_id, index, environment=ENVIRONMENT, harness=HARNESS, model=self.model,
                          context_budget_tokens=self.config.context_budget_tokens, payload=payload)  # fmt: skip
 
     def check(self) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from trajlake.rollout.config import ToolRunnerConfig
 from trajlake.rollout.envs import vocab
@@ -89,8 +89,11 @@ def make_tools(config: EnvConfig, rng: random.Random, lock: threading.Lock | Non
     ]
 
 
-def make_runner(config: EnvConfig, rng: random.Random, traj: object) -> ToolRunner:
-    """A `ToolRunner` over the demo tools, recording into `traj`, with budgets from `config`."""
+def make_runner(
+    config: EnvConfig, rng: random.Random, traj: object, encode: Callable[[str], Sequence[int]] = encode_text
+) -> ToolRunner:
+    """A `ToolRunner` over the demo tools, recording into `traj`, with budgets from `config`;
+    `encode` turns tool output into the policy's token ids (the demo vocabulary by default)."""
     runner_config = ToolRunnerConfig(
         timeout_s=TOOL_TIMEOUT_S,
         max_output_tokens=config.max_tool_output_tokens,
@@ -98,7 +101,7 @@ def make_runner(config: EnvConfig, rng: random.Random, traj: object) -> ToolRunn
         nudge_threshold=config.nudge_threshold,
         nudge_text="<nudge>",
     )
-    return ToolRunner(make_tools(config, rng), runner_config, encode=encode_text, traj=traj)
+    return ToolRunner(make_tools(config, rng), runner_config, encode=encode, traj=traj)
 
 
 def call_arguments(tool_name: str, task: Task) -> dict[str, object]:

@@ -1,0 +1,121 @@
+"""Chat-level TITO against the real vLLM server: the lake holds exactly the server's ids and logprobs,
+and the naive re-templating harness drifts and is flagged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trajlake.cli import main
+from trajlake.rollout.engine.chat import ChatSession, naive_prompt_ids, parse_tool_calls
+from trajlake.rollout.engine.model import tool_call_text
+from trajlake.rollout.envs.chat_episode import TOOLS, ChatPolicy
+from trajlake.rollout.recorder import Recorder
+from trajlake.rollout.tito import TitoClient
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "arguments", "error"),
+    [
+        (tool_call_text("calc", {"expression": "1 + 2"}), "calc", {"expression": "1 + 2"}, None),
+        (
+            '<tool_call>\n{"name": "python", "arguments": "{\\"code\\": \\"x\\"}"}',
+            "python",
+            {"code": "x"},
+            None,
+        ),
+        ("<tool_call>{not json}</tool_call>", None, {}, "not JSON"),
+        ('<tool_call>{"arguments": {}}</tool_call>', None, {}, 'string "name"'),
+    ],
+    ids=["hermes", "unterminated-with-string-arguments", "bad-json", "no-name"],
+)
+def test_tool_calls_are_parsed_from_generated_text(text, name, arguments, error):
+    (call,) = parse_tool_calls(text)
+    assert (call.name, call.arguments) == (name, arguments)
+    assert call.malformed == (error is not None)
+    if error:
+        assert error in call.error
+
+
+def test_text_without_a_tool_call_has_none():
+    assert parse_tool_calls("The answer is 7.") == []
+
+
+def play(session: ChatSession, client: TitoClient, traj, turns: int, tool_output: str) -> list:
+    """A multi-turn tool-using conversation: free text from the model, a tool result after each turn."""
+    completions = []
+    for _ in range(turns):
+        done = client.complete(session.prompt_ids, max_tokens=12, seed=len(completions) + 1)
+        drift = traj.turn(done.output_token_ids, done.output_logprobs, done.policy_version,
+                          input_token_ids=session.take_pending(), finish_reason=done.finish_reason)  # fmt: skip
+        assert not drift
+        session.add_output(done.output_token_ids)
+        session.add_messages([{"role": "tool", "content": tool_output}])
+        completions.append(done)
+    return completions
+
+
+def test_a_recorded_chat_stores_exactly_the_servers_ids_and_logprobs(
+    vllm_server, tiny_tokenizer, bus, drain, lake, capsys
+):
+    client = TitoClient(vllm_server.tito_config("generate"))
+    recorder = Recorder(bus, "chat-run", vocab_size=len(tiny_tokenizer))
+    messages = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "calc 7 * 8"}]
+    session = ChatSession(tiny_tokenizer, messages, TOOLS)
+    opening = list(session.ids)
+    with recorder.start("task-1", model=str(vllm_server.model_dir)) as traj:
+        completions = play(session, client, traj, 3, "56")
+        traj.reward(1.0, verifier="exact")
+        traj.finish("completed")
+    client.close()
+    drain()
+
+    assert main(["sql", "--lake", str(lake.root), "--format", "json",
+                 "select turn_index, output_token_ids, output_logprobs, policy_version, tito_drift from turns "
+                 "where run_id = 'chat-run' order by turn_index"]) == 0  # fmt: skip
+    turns = json.loads(capsys.readouterr().out)
+    assert [t["output_token_ids"] for t in turns] == [c.output_token_ids for c in completions]
+    for t, c in zip(turns, completions, strict=True):
+        assert t["output_logprobs"] == pytest.approx(c.output_logprobs, abs=1e-6)  # float32 storage
+        assert t["policy_version"] == 0 and not t["tito_drift"]
+    row = lake.sql("select token_ids, tito_drift from trajectories where run_id = 'chat-run'").to_pylist()[0]
+    assert row["token_ids"] == session.ids  # prompt, outputs and tool results, never re-tokenised
+    assert row["token_ids"][: len(opening)] == opening and row["tito_drift"] is False
+
+
+def test_re_templating_the_whole_conversation_drifts_and_is_flagged(
+    vllm_server, tiny_tokenizer, bus, drain, lake
+):
+    """The classic harness: keep messages, decode each output to text, apply the template again."""
+    client = TitoClient(vllm_server.tito_config("generate"))
+    recorder = Recorder(bus, "naive-run", vocab_size=len(tiny_tokenizer))
+    messages = [{"role": "user", "content": "reverse a b c"}]
+    drifted = []
+    with recorder.start("task-1") as traj:
+        for i in range(3):
+            prompt = naive_prompt_ids(tiny_tokenizer, messages, TOOLS)
+            done = client.complete(prompt, max_tokens=12, seed=i + 1)
+            drifted.append(
+                traj.turn(done.output_token_ids, done.output_logprobs, 0, full_input_token_ids=prompt)
+            )
+            text = tiny_tokenizer.decode(done.output_token_ids, skip_special_tokens=True)
+            messages += [{"role": "assistant", "content": text}, {"role": "tool", "content": "c b a"}]
+        traj.finish("completed")
+    client.close()
+    drain()
+    assert any(drifted), "re-encoding sampled ids should not reproduce them on this tokenizer"
+    flagged = lake.sql("select tito_drift from trajectories where run_id = 'naive-run'").column(0).to_pylist()
+    assert flagged == [True]
+
+
+def test_the_demo_chat_policy_samples_only_action_tokens(vllm_server):
+    policy = ChatPolicy.from_model_dir(TitoClient(vllm_server.tito_config("generate")), vllm_server.model_dir)
+    session = ChatSession(policy.tokenizer, [{"role": "user", "content": "count a in a b a"}], TOOLS)
+    for _ in range(5):
+        done = policy.sample(session.prompt_ids, 4)
+        assert len(done.output_token_ids) == 1 and done.output_token_ids[0] in policy.action_ids
+        assert done.output_logprobs[0] < 0  # the model's own (unmasked) logprob of that token
+    policy.client.close()

@@ -1,0 +1,67 @@
+"""Faults of the real engine: the vLLM server killed during a batch of chat rollouts."""
+
+from __future__ import annotations
+
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from trajlake.rollout.envs.chat_episode import ChatPolicy
+from trajlake.rollout.envs.config import EnvConfig, FaultConfig
+from trajlake.rollout.envs.episode import run_episode
+from trajlake.rollout.envs.tasks import make_tasks
+from trajlake.rollout.recorder import Recorder
+from trajlake.rollout.tito import TitoClient
+
+pytestmark = pytest.mark.integration
+
+ENV = EnvConfig(context_budget_tokens=112, tool_latency_s=0.4, faults=FaultConfig.none())
+
+
+def play_batch(vllm_server, recorder, tasks, seed: int, kill_after_s: float | None = None) -> list:
+    """Play one episode of each task on 8 threads; optionally SIGKILL the server while they run."""
+    policies = [ChatPolicy.from_model_dir(TitoClient(vllm_server.tito_config("generate")), vllm_server.model_dir)
+                for _ in range(len(tasks))]  # fmt: skip
+    if kill_after_s is not None:
+        threading.Timer(kill_after_s, vllm_server.kill).start()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(
+            lambda i: run_episode(recorder, tasks[i], policies[i], ENV, random.Random(seed + i), model="tiny"),
+            range(len(tasks)),
+        ))  # fmt: skip
+    for policy in policies:
+        policy.client.close()
+    return results
+
+
+def test_a_server_killed_mid_batch_ends_those_trajectories_as_infra_failures_and_the_rest_complete(
+    vllm_server, tiny_tokenizer, bus, drain, lake
+):
+    recorder = Recorder(bus, "engine-fault", vocab_size=len(tiny_tokenizer), flush_each_turn=False)
+    tasks = make_tasks(16, seed=4, config=ENV)
+    hit = play_batch(vllm_server, recorder, tasks[:8], seed=0, kill_after_s=1.0)
+    vllm_server.start()
+    rest = play_batch(vllm_server, recorder, tasks[8:], seed=100)
+    drain()
+
+    failed = [r for r in hit if r.failure_label == "infra"]
+    assert failed, "the kill landed after every episode had finished; nothing was tested"
+    assert all(r.failure_origin == "system" and r.reward is None for r in failed)
+    assert not any(r.is_system_failure for r in rest), [r.failure_label for r in rest]
+    rows = {r["trajectory_id"]: r for r in lake.sql(
+        "select trajectory_id, finished, failure_origin, failure_label, reward, n_turns from trajectories "
+        "where run_id = 'engine-fault'").to_pylist()}  # fmt: skip
+    assert len(rows) == 16 and all(r["finished"] for r in rows.values())
+    for result in failed:
+        row = rows[result.trajectory_id]
+        assert (row["failure_origin"], row["failure_label"], row["reward"]) == ("system", "infra", None)
+    # nothing half-written: every stored turn has its ids and one logprob per id
+    turns = lake.sql(
+        "select trajectory_id, len(output_token_ids) as n, len(output_logprobs) as m from turns "
+        "where run_id = 'engine-fault'"
+    ).to_pylist()
+    assert all(t["n"] == t["m"] == 1 for t in turns)
+    per_traj = {tid: sum(t["trajectory_id"] == tid for t in turns) for tid in rows}
+    assert all(per_traj[tid] == rows[tid]["n_turns"] for tid in rows)
