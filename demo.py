@@ -41,7 +41,8 @@ class DemoConfig(BaseModel):
 
     lake: str = Field("./trajlake-data", description="Lake root directory (or s3://…).")
     engine: Literal["tiny", "vllm"] = Field(
-        "vllm", description="vllm: a Qwen2 chat model served by vLLM, trained in place; tiny: a GRU policy in each worker."
+        "vllm",
+        description="vllm: a Qwen2 chat model served by vLLM, trained in place; tiny: a GRU policy in each worker.",
     )
     model_dir: str | None = Field(
         None,

@@ -142,8 +142,9 @@ def main() -> int:
             url = server["base_url"]
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         openings = conversations(tokenizer, n)
-        prompts = [tokenizer.apply_chat_template(m, add_generation_prompt=True) for m in openings]
         from trajlake.rollout.engine.chat import ChatSession
+
+        prompts = [ChatSession(tokenizer, m).prompt_ids for m in openings]
 
         tool_ids = tokenizer.encode(
             "<|im_end|>\n"

@@ -32,7 +32,9 @@ class HFPolicy(nn.Module):
     def __init__(self, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # a bar per checkpoint load or save would bury the run's output
         self.model_dir = Path(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=dtype)
         self.model.train()

@@ -247,6 +247,9 @@ def check_tokenizers_agree(model_dir: Path) -> None:
 
 def init_model(model_dir: str | Path, config: ModelInitConfig | None = None) -> dict:
     """Write the tiny model, tokenizer and chat template to `model_dir`; return a summary."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     config = config or ModelInitConfig()
     target = Path(model_dir)
     if target.exists() and any(target.iterdir()):

@@ -323,7 +323,7 @@ def _is_ours(record: dict[str, Any]) -> bool:
 
     try:
         proc = psutil.Process(int(record["pid"]))
-        if record.get("started_at") is None or abs(proc.create_time() - float(record["started_at"])) > 0.01:
+        if record.get("started_at") is None or abs(proc.create_time() - float(record["started_at"])) > 1.0:
             return False
         return SERVER_MODULE in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError):

@@ -10,8 +10,8 @@ is parsed from the generated text, the harness writes its arguments from the tas
 result comes back as a `tool` message.
 
 Learnable in minutes from random weights on two CPU cores: sampling is limited to the action
-tokens (`allowed_token_ids`: one token per argument-free tool call, and `<|im_end|>`), so a turn
-is one choice among four, as in the vocabulary demo. vLLM reports the logprob of each sampled
+tokens (`allowed_token_ids`: one token per argument-free tool call), so a turn is one choice
+among three tools, as in the vocabulary demo. vLLM reports the logprob of each sampled
 token under the model's full distribution (its raw logprobs), which is what the trainer
 recomputes, so the train/inference mismatch stays a true engine-vs-trainer difference.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 from trajlake.rollout import taxonomy
 from trajlake.rollout.engine.chat import ChatSession
-from trajlake.rollout.engine.model import DEMO_TOOLS, IM_END, action_tokens
+from trajlake.rollout.engine.model import DEMO_TOOLS, action_tokens
 from trajlake.rollout.envs.config import EnvConfig
 from trajlake.rollout.envs.episode import ANSWER, Episode, EpisodeResult
 from trajlake.rollout.envs.tasks import Task
@@ -75,7 +75,7 @@ class ChatPolicy:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        ids = [tokenizer.convert_tokens_to_ids(t) for t in (*action_tokens(DEMO_TOOLS), IM_END)]
+        ids = [tokenizer.convert_tokens_to_ids(t) for t in action_tokens(DEMO_TOOLS)]
         if tokenizer.unk_token_id in ids or None in ids:
             raise ValueError(
                 f"{model_dir} has no one-token tool calls for {DEMO_TOOLS}; build it with `trajlake model init`"

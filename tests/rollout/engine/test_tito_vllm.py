@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from trajlake.rollout.config import RetryConfig
+from trajlake.rollout.engine.chat import ChatSession
 from trajlake.rollout.errors import Cancelled, InferenceError
 from trajlake.rollout.tito import AsyncTitoClient, ContextLengthExceeded, TitoClient
 from trajlake.trainer.hf_policy import HFPolicy
@@ -20,7 +21,7 @@ ROUTES = pytest.mark.parametrize("route", ["completions", "generate"])
 
 
 def prompt_of(tokenizer, text: str = "calc 3 + 4") -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return ChatSession(tokenizer, [{"role": "user", "content": text}]).prompt_ids
 
 
 @ROUTES

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+from trajlake.rollout.engine.chat import ChatSession
 from trajlake.rollout.engine.weights import WeightSync, WeightUpdateError
 from trajlake.rollout.tito import TitoClient
 from trajlake.trainer.hf_policy import HFPolicy
@@ -26,9 +27,7 @@ def trained(vllm_server, tmp_path):
 
 
 def sample(vllm_server, tokenizer, seed: int = 7):
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "reverse a b"}], add_generation_prompt=True
-    )
+    prompt = ChatSession(tokenizer, [{"role": "user", "content": "reverse a b"}]).prompt_ids
     with TitoClient(vllm_server.tito_config("generate")) as client:
         return prompt, client.complete(prompt, max_tokens=8, seed=seed)
 
