@@ -70,7 +70,11 @@ class DemoConfig(BaseModel):
     max_staleness: int = Field(
         2, ge=0, description="Trainer version − policy_version_min allowed in a batch."
     )
-    lr: float = Field(1e-2, gt=0, description="Adam learning rate.")
+    lr: float | None = Field(
+        None,
+        gt=0,
+        description="Adam learning rate; default 1e-2 on tiny (a GRU), 1e-3 on vllm (a transformer).",
+    )
     overfit_tasks: int = Field(
         32, ge=0, description="Tasks with non-zero reward variance in the overfit check (0: skip)."
     )
@@ -90,6 +94,8 @@ class DemoConfig(BaseModel):
     def _defaults(self) -> DemoConfig:
         if self.workers is None:
             self.workers = 8 if self.engine == "vllm" else 2
+        if self.lr is None:
+            self.lr = 1e-3 if self.engine == "vllm" else 1e-2
         if self.engine == "vllm" and self.env.context_budget_tokens == CHAT_BUDGET_FROM:
             # a chat prompt holds the system prompt and the tool list: ~250 tokens before the task
             self.env = self.env.model_copy(update={"context_budget_tokens": CHAT_CONTEXT_BUDGET})
@@ -220,8 +226,9 @@ def make_trainer(ctx: DemoContext, run_id: str, recorder: Any, policy_loss: str,
         from trajlake.trainer.hf_policy import HFTrainer
 
         trainer = HFTrainer(
-            ctx.lake, config, catalog=ctx.catalog, recorder=recorder, model_dir=ctx.vllm.model_dir
-        )
+            ctx.lake, config, catalog=ctx.catalog, recorder=recorder, model_dir=ctx.vllm.model_dir,
+            allowed_token_ids=ctx.vllm.action_ids,  # the rollouts sample from the action tokens only
+        )  # fmt: skip
     else:
         trainer = ReferenceTrainer(ctx.lake, config, catalog=ctx.catalog, recorder=recorder)
     trainer.setup()

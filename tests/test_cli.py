@@ -9,7 +9,7 @@ import sys
 from tests.helpers import trajlake
 
 CONTRACT = ("demo", "loadgen", "sql", "rebuild", "compact", "kafka", "ingest", "import", "doctor", "metrics",
-            "ablate", "select-overfit", "dashboard")  # fmt: skip
+            "ablate", "select-overfit", "dashboard", "model", "vllm")  # fmt: skip
 
 
 def test_help_lists_every_contract_command() -> None:
@@ -21,7 +21,7 @@ def test_help_lists_every_contract_command() -> None:
 def test_help_imports_nothing_heavy() -> None:
     code = (
         "import sys\nfrom trajlake.cli import build_parser\nbuild_parser()\n"
-        "print(','.join(m for m in ('torch','duckdb','ray','streamlit','deltalake','pyarrow','kafka') if m in sys.modules))"
+        "print(','.join(m for m in ('torch','duckdb','ray','streamlit','deltalake','pyarrow','kafka','transformers','psutil') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

@@ -6,8 +6,11 @@ sampled tokens, parameters) from any `AutoModelForCausalLM` directory, e.g. the 
 which is what vLLM's in-place reload reads, so a trainer step ends with weights the running
 server can load. `HFTrainer` is the reference recipe with this model swapped in.
 
-Logprobs are computed in float32 from the model's own logits, as vLLM reports them (its raw
-logprobs, before any sampling mask), so a healthy fp32 run on CPU mismatches by ~1e-6.
+Logprobs are computed in float32 over the distribution the engine sampled from: the model's
+logits / temperature, restricted to `allowed_token_ids` when the rollouts restricted sampling
+(vLLM's `allowed_token_ids` with `--logprobs-mode processed_logprobs`, as `trajlake vllm up`
+serves). So the importance ratios live in the policy's own action space, and a healthy fp32 run
+on CPU mismatches by ~1e-7.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ WEIGHTS_FILE = "model.safetensors"
 class HFPolicy(nn.Module):
     """A transformers causal LM with the tiny policy's trainer interface; `version` counts updates."""
 
-    def __init__(self, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        dtype: torch.dtype = torch.float32,
+        allowed_token_ids: list[int] | None = None,
+    ) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -40,6 +48,14 @@ class HFPolicy(nn.Module):
         self.model.train()
         self.vocab_size = int(self.model.config.vocab_size)
         self.version = 0
+        self.allowed: torch.Tensor | None = None  # the sampling mask: vocabulary ids the policy may emit
+        self.position: torch.Tensor | None = (
+            None  # vocabulary id -> its index in `allowed`, -1 if not allowed
+        )
+        if allowed_token_ids:
+            self.allowed = torch.tensor(sorted(set(allowed_token_ids)), dtype=torch.long)
+            self.position = torch.full((self.vocab_size,), -1, dtype=torch.long)
+            self.position[self.allowed] = torch.arange(len(self.allowed))
 
     def logprobs_and_entropy(
         self,
@@ -67,8 +83,16 @@ class HFPolicy(nn.Module):
             want = want & positions[:, 1:].bool()
         if attention_mask is not None:
             want = want & attention_mask[:, 1:].bool()
-        log_probs = F.log_softmax(self.model.lm_head(hidden[want]).float() / temperature, dim=-1)
-        picked = log_probs.gather(-1, input_ids[:, 1:][want].unsqueeze(-1)).squeeze(-1)
+        logits = self.model.lm_head(hidden[want]).float() / temperature
+        targets = input_ids[:, 1:][want]
+        if self.allowed is not None and self.position is not None:
+            logits, targets = logits[:, self.allowed], self.position[targets]
+            if bool((targets < 0).any()):
+                raise ValueError(
+                    "a trained token is outside allowed_token_ids; train with the mask the rollouts used"
+                )
+        log_probs = F.log_softmax(logits, dim=-1)
+        picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         ent = -(log_probs.exp() * log_probs).sum(-1)
         index = want.nonzero(as_tuple=True)
         logprobs = logprobs.index_put((index[0], index[1] + 1), picked)
@@ -102,14 +126,17 @@ class HFPolicy(nn.Module):
 class HFTrainer(ReferenceTrainer):
     """The reference recipe training a Hugging Face model directory; checkpoints are model directories."""
 
-    def __init__(self, *args: Any, model_dir: str | Path, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, model_dir: str | Path, allowed_token_ids: list[int] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.model_dir = Path(model_dir)
+        self.allowed_token_ids = allowed_token_ids  # the rollouts' sampling mask, if they had one
         self.last_checkpoint: str | None = None  # what a weight update loads into the inference server
 
     def build_policy(self, vocab_size: int) -> HFPolicy:
         """The model in `model_dir` (its own vocabulary; `vocab_size` of the run must fit it)."""
-        policy = HFPolicy(self.model_dir)
+        policy = HFPolicy(self.model_dir, allowed_token_ids=self.allowed_token_ids)
         if vocab_size > policy.vocab_size:
             raise ValueError(
                 f"the run's events declare a vocabulary of {vocab_size}, the model in {self.model_dir} "

@@ -67,6 +67,11 @@ class VllmServerConfig(BaseModel):
         256 * 2**20, ge=2**20, description="KV cache size (bounded: vLLM would take most of RAM)."
     )
     seed: int = Field(0, description="Server seed (requests may set their own).")
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(
+        "processed_logprobs",
+        description="Logprobs of the distribution sampled from (temperature and allowed_token_ids applied: what "
+        "an RL trainer's importance ratios need), or of the model's raw logits.",
+    )
     start_timeout_s: float = Field(600.0, gt=0, description="How long to wait for /health and the warm-up.")
     extra_args: tuple[str, ...] = Field((), description="More `vllm serve` arguments, passed as they are.")
 
@@ -191,6 +196,7 @@ def server_command(venv: Path, config: VllmServerConfig, device: str) -> list[st
         str(venv / "bin" / "python"), "-m", SERVER_MODULE, "--model", str(config.model.resolve()),
         "--served-model-name", config.name, "--host", "127.0.0.1", "--port", str(config.port),
         "--max-model-len", str(config.max_model_len), "--seed", str(config.seed), "--enable-scale-out",
+        "--logprobs-mode", config.logprobs_mode,
         "--dtype", config.dtype or ("float32" if device == "cpu" else "auto"),
     ]  # fmt: skip
     if device == "cpu":  # eager mode: torch.compile adds ~20 s to a start and gains nothing on a tiny model

@@ -11,9 +11,11 @@ result comes back as a `tool` message.
 
 Learnable in minutes from random weights on two CPU cores: sampling is limited to the action
 tokens (`allowed_token_ids`: one token per argument-free tool call), so a turn is one choice
-among three tools, as in the vocabulary demo. vLLM reports the logprob of each sampled
-token under the model's full distribution (its raw logprobs), which is what the trainer
-recomputes, so the train/inference mismatch stays a true engine-vs-trainer difference.
+among three tools, as in the vocabulary demo. The server reports the logprob of each sampled
+token under that restricted distribution (`--logprobs-mode processed_logprobs`), and the
+trainer recomputes it with the same mask (`HFPolicy(allowed_token_ids=...)`): importance
+ratios and the PPO trust region live in the action space that was sampled, and the
+train/inference mismatch stays a true engine-vs-trainer difference.
 """
 
 from __future__ import annotations
@@ -47,6 +49,16 @@ TOOLS = [
 ]  # fmt: skip
 
 
+def action_ids(tokenizer: Any) -> list[int]:
+    """The ids of the one-token tool calls the demo samples from (`trajlake model init` adds them)."""
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in action_tokens(DEMO_TOOLS)]
+    if tokenizer.unk_token_id in ids or None in ids:
+        raise ValueError(
+            f"the tokenizer has no one-token tool calls for {DEMO_TOOLS}; build the model with `trajlake model init`"
+        )
+    return ids
+
+
 def task_text(task: Task) -> str:
     """The task as the user message: its kind and operands."""
     return " ".join((task.kind, *task.operands))
@@ -75,12 +87,7 @@ class ChatPolicy:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        ids = [tokenizer.convert_tokens_to_ids(t) for t in action_tokens(DEMO_TOOLS)]
-        if tokenizer.unk_token_id in ids or None in ids:
-            raise ValueError(
-                f"{model_dir} has no one-token tool calls for {DEMO_TOOLS}; build it with `trajlake model init`"
-            )
-        return cls(client, tokenizer, temperature, action_ids=ids)
+        return cls(client, tokenizer, temperature, action_ids=action_ids(tokenizer))
 
     def sample(self, prompt_ids: list[int], max_new_tokens: int) -> Any:
         """One turn from the engine: a `Completion` whose last token is an action."""

@@ -54,11 +54,14 @@ class VllmEngine:
         from transformers import AutoTokenizer
 
         from trajlake.rollout.engine.weights import WeightSync
+        from trajlake.rollout.envs.chat_episode import action_ids
 
         self.model_dir = Path(model_dir).resolve()
         self.model = str(self.model_dir)  # trajectories name the directory: its tokenizer decodes them
         self.base_url, self.served_name, self.temperature = base_url, served_name, temperature
-        self.vocab_size = len(AutoTokenizer.from_pretrained(str(self.model_dir)))
+        tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.vocab_size = len(tokenizer)
+        self.action_ids = action_ids(tokenizer)  # the sampling mask, which the trainer applies too
         self.weights = WeightSync(base_url, serving=(self.model_dir, 0))
         self.weights.push(self.model_dir, 0)  # fresh weights, whatever the server ran before, labelled 0
 
