@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from trajlake.trainer.policy import score_next_tokens
 from trajlake.trainer.reference import ReferenceTrainer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -70,34 +70,21 @@ class HFPolicy(nn.Module):
         only where it is set (the tokens a loss trains on).
         """
         input_ids = input_ids.long()
-        batch, length = input_ids.shape
-        logprobs = torch.zeros(batch, length, dtype=torch.float32, device=input_ids.device)
-        entropy = torch.zeros_like(logprobs)
-        if length < 2:
-            return logprobs, entropy
+        if input_ids.shape[1] < 2:
+            empty = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+            return empty, empty.clone()
         hidden = self.model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[
             :, :-1
         ]
-        want = torch.ones(batch, length - 1, dtype=torch.bool, device=input_ids.device)
-        if positions is not None:
-            want = want & positions[:, 1:].bool()
-        if attention_mask is not None:
-            want = want & attention_mask[:, 1:].bool()
-        logits = self.model.lm_head(hidden[want]).float() / temperature
-        targets = input_ids[:, 1:][want]
-        if self.allowed is not None and self.position is not None:
-            logits, targets = logits[:, self.allowed], self.position[targets]
-            if bool((targets < 0).any()):
-                raise ValueError(
-                    "a trained token is outside allowed_token_ids; train with the mask the rollouts used"
-                )
-        log_probs = F.log_softmax(logits, dim=-1)
-        picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        ent = -(log_probs.exp() * log_probs).sum(-1)
-        index = want.nonzero(as_tuple=True)
-        logprobs = logprobs.index_put((index[0], index[1] + 1), picked)
-        entropy = entropy.index_put((index[0], index[1] + 1), ent)
-        return logprobs, entropy
+        allowed = self.allowed
+
+        def head(h: torch.Tensor) -> torch.Tensor:
+            logits = self.model.lm_head(h)
+            return logits if allowed is None else logits[:, allowed]
+
+        return score_next_tokens(
+            input_ids, hidden, head, attention_mask, positions, temperature, self.position
+        )
 
     def token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None

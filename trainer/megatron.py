@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from torch.nn import functional as F
 
 from trajlake.trainer.errors import MegatronUnavailableError
+from trajlake.trainer.policy import score_next_tokens
 from trajlake.trainer.reference import ReferenceTrainer
 
 INSTALL_HINT = "install the train extra (pip install 'trajlake[train]') on a machine with a CUDA GPU"
@@ -117,23 +117,14 @@ class MegatronPolicy(torch.nn.Module):
         """Per-token logprob and entropy [B, T] (float32, on CPU); position 0, padding and unrequested tokens are 0."""
         ids = input_ids.long().to(self.device)
         batch, length = ids.shape
-        logprobs = torch.zeros(batch, length, dtype=torch.float32, device=self.device)
-        entropy = torch.zeros_like(logprobs)
         if length < 2:
-            return logprobs.cpu(), entropy.cpu()
+            empty = torch.zeros(batch, length, dtype=torch.float32)
+            return empty, empty.clone()
         position_ids = torch.arange(length, device=self.device).unsqueeze(0).expand(batch, -1)
         logits = self.model(input_ids=ids, position_ids=position_ids, attention_mask=None)[:, :-1]
-        want = torch.ones(batch, length - 1, dtype=torch.bool, device=self.device)
-        if positions is not None:
-            want &= positions[:, 1:].bool().to(self.device)
-        if attention_mask is not None:
-            want &= attention_mask[:, 1:].bool().to(self.device)
-        log_probs = F.log_softmax(logits[want].float() / temperature, dim=-1)
-        picked = log_probs.gather(-1, ids[:, 1:][want].unsqueeze(-1)).squeeze(-1)
-        ent = -(log_probs.exp() * log_probs).sum(-1)
-        rows, cols = want.nonzero(as_tuple=True)
-        logprobs = logprobs.index_put((rows, cols + 1), picked)
-        entropy = entropy.index_put((rows, cols + 1), ent)
+        logprobs, entropy = score_next_tokens(
+            ids, logits, lambda x: x, attention_mask, positions, temperature
+        )
         return logprobs.cpu(), entropy.cpu()
 
     def token_logprobs(

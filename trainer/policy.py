@@ -15,11 +15,51 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+
+def score_next_tokens(
+    input_ids: torch.Tensor,
+    features: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    attention_mask: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    target_index: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob of each next token and the entropy of its distribution, float32 [B, T]; 0 elsewhere.
+
+    Shared by every policy: `features[:, t]` (hidden states or logits, [B, T-1, ...]) predicts
+    token t+1, and `head` turns the selected rows into logits. Only real tokens (attention
+    mask) that a loss trains on (`positions`, when given) are scored: the head is most of the
+    cost. `target_index` maps vocabulary ids to logit columns when `head` keeps only the
+    columns a sampling mask allowed (-1: not allowed, an error).
+    """
+    batch, length = input_ids.shape
+    device = features.device
+    logprobs = torch.zeros(batch, length, dtype=torch.float32, device=device)
+    entropy = torch.zeros_like(logprobs)
+    want = torch.ones(batch, length - 1, dtype=torch.bool, device=device)
+    if positions is not None:
+        want = want & positions[:, 1:].bool().to(device)
+    if attention_mask is not None:
+        want = want & attention_mask[:, 1:].bool().to(device)
+    targets = input_ids[:, 1:].long().to(device)[want]
+    if target_index is not None:
+        targets = target_index.to(device)[targets]
+        if bool((targets < 0).any()):
+            raise ValueError(
+                "a trained token is outside allowed_token_ids; train with the mask the rollouts used"
+            )
+    log_probs = F.log_softmax(head(features[want]).float() / temperature, dim=-1)
+    picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    ent = -(log_probs.exp() * log_probs).sum(-1)
+    rows, cols = want.nonzero(as_tuple=True)
+    return logprobs.index_put((rows, cols + 1), picked), entropy.index_put((rows, cols + 1), ent)
 
 
 class TinyPolicy(nn.Module):
@@ -108,24 +148,13 @@ class TinyPolicy(nn.Module):
         tokens a loss trains on) and every other entry is 0: the head is most of the cost.
         """
         input_ids = input_ids.long()
-        batch, length = input_ids.shape
-        logprobs = torch.zeros(batch, length, dtype=torch.float32, device=input_ids.device)
-        entropy = torch.zeros_like(logprobs)
-        if length < 2:
-            return logprobs, entropy
+        if input_ids.shape[1] < 2:
+            empty = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+            return empty, empty.clone()
         hidden, _ = self.rnn(self.embed(input_ids[:, :-1]))
-        want = torch.ones(batch, length - 1, dtype=torch.bool, device=input_ids.device)
-        if positions is not None:
-            want = want & positions[:, 1:].bool()
-        if attention_mask is not None:
-            want = want & attention_mask[:, 1:].bool()
-        log_probs = F.log_softmax(self.head(self.norm(hidden[want])).float() / temperature, dim=-1)
-        picked = log_probs.gather(-1, input_ids[:, 1:][want].unsqueeze(-1)).squeeze(-1)
-        ent = -(log_probs.exp() * log_probs).sum(-1)
-        index = want.nonzero(as_tuple=True)
-        logprobs = logprobs.index_put((index[0], index[1] + 1), picked)
-        entropy = entropy.index_put((index[0], index[1] + 1), ent)
-        return logprobs, entropy
+        return score_next_tokens(
+            input_ids, hidden, lambda h: self.head(self.norm(h)), attention_mask, positions, temperature
+        )
 
     # -- sampling -----------------------------------------------------------------------
     @torch.no_grad()
