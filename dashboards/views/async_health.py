@@ -8,6 +8,11 @@ from trajlake.dashboards.metrics import CATEGORIES, MISMATCH_THRESHOLD
 from trajlake.dashboards.views.common import PageContext, area, bars, empty_state, fmt, line
 
 
+def mismatch_text(value: float) -> str:
+    """A mismatch as a figure: 4 decimals, or scientific below 1e-3 (float32 engines sit near 1e-7)."""
+    return f"{value:.4f}" if value == 0 or value >= 1e-3 else f"{value:.2e}"
+
+
 def render(ctx: PageContext) -> None:
     st.header("Async health")
     staleness = ctx.metric("staleness_distribution", ctx.run_id)
@@ -23,7 +28,7 @@ def render(ctx: PageContext) -> None:
     last = mismatch.to_pylist()[-1] if mismatch.num_rows else None
     cols[2].metric(
         "Logprob mismatch (latest step)",
-        "–" if last is None or last["mismatch"] is None else f"{last['mismatch']:.2e}",  # fp32: ~1e-6
+        "–" if last is None or last["mismatch"] is None else mismatch_text(last["mismatch"]),
         None if last is None else ("healthy" if last["healthy"] else f"above {MISMATCH_THRESHOLD}"),
         delta_color="normal" if last is None or last["healthy"] else "inverse",
     )

@@ -293,15 +293,21 @@ def wait_until_ready(record: dict[str, Any], timeout_s: float, proc: subprocess.
     )
 
 
-def log_tail(path: str | Path, chars: int = LOG_TAIL_CHARS) -> str:
-    """The last `chars` characters of a log file ('' if there is none)."""
+def log_tail(path: str | Path, lines: int = 25, width: int = 400) -> str:
+    """The last `lines` lines of a log file, each cut to `width` characters ('' if there is none).
+
+    vLLM's errors can be one line of many kilobytes (a list of every supported architecture):
+    cutting lines, not the file, keeps the start of each message, which says what went wrong.
+    """
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - chars))
-            return fh.read().decode(errors="replace")
+            fh.seek(max(0, fh.tell() - 256 * 1024))
+            text = fh.read().decode(errors="replace")
     except OSError:
         return ""
+    tail = [line if len(line) <= width else line[:width] + " …" for line in text.splitlines()[-lines:]]
+    return "\n".join(tail)
 
 
 def _process_start_time(pid: int) -> float | None:
