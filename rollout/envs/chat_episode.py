@@ -35,7 +35,7 @@ from trajlake.rollout.envs.toolbox import make_runner
 from trajlake.rollout.errors import InferenceError
 from trajlake.rollout.recorder import TrajectoryRecorder
 from trajlake.rollout.tito import ContextLengthExceeded
-from trajlake.rollout.tools import ToolResult
+from trajlake.rollout.tools import ToolResult, ToolRunner
 
 SYSTEM_PROMPT = "Tools: calc (arithmetic), python (string programs), answer (submits the last result)."
 NO_ACTION_PROMPT = "Call one of the tools."
@@ -104,14 +104,16 @@ class ChatEpisode(Episode):
         self, task: Task, policy: ChatPolicy, traj: TrajectoryRecorder, config: EnvConfig,
         rng: random.Random, result: EpisodeResult,
     ) -> None:  # fmt: skip
-        super().__init__(task, policy, traj, config, rng, result)
         self.chat_policy = policy
-        tokenizer = policy.tokenizer
-        self.runner = make_runner(
-            config, rng, traj, encode=lambda text: tokenizer.encode(text, add_special_tokens=False)
-        )
-        self.session = ChatSession(tokenizer, opening_messages(task))
+        super().__init__(task, policy, traj, config, rng, result)
+        self.session = ChatSession(policy.tokenizer, opening_messages(task))
         self.appended = []  # the session's pending ids are the turn's input
+
+    def _make_runner(self) -> ToolRunner:
+        tokenizer = self.chat_policy.tokenizer  # tool output is counted and cut in the model's tokens
+        return make_runner(
+            self.config, self.rng, self.traj, encode=lambda t: tokenizer.encode(t, add_special_tokens=False)
+        )
 
     @property
     def context_len(self) -> int:

@@ -83,7 +83,7 @@ class Episode:
         result: EpisodeResult,
     ) -> None:
         self.task, self.policy, self.traj, self.config, self.rng = task, policy, traj, config, rng
-        self.runner: ToolRunner = make_runner(config, rng, traj)
+        self.runner: ToolRunner = self._make_runner()
         self.context: list[int] = list(task.prompt_ids)
         self.appended: list[int] = list(task.prompt_ids)
         self.last_tool: ToolResult | None = None
@@ -119,6 +119,9 @@ class Episode:
         return self._finish(taxonomy.MAX_TURNS, f"no answer in {self.config.max_turns} turns")
 
     # -- what depends on how the policy reads and writes: demo vocabulary ids here, chat in ChatEpisode
+    def _make_runner(self) -> ToolRunner:
+        return make_runner(self.config, self.rng, self.traj)
+
     @property
     def context_len(self) -> int:
         """Tokens in the context so far."""
