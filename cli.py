@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -50,6 +51,26 @@ def add_lake_option(parser: argparse.ArgumentParser) -> None:
         "--lake",
         default=env_default("LAKE", DEFAULT_LAKE),
         help="lake root: a directory or s3://bucket/prefix (env TRAJLAKE_LAKE; default %(default)s)",
+    )
+
+
+def add_table_options(
+    parser: argparse.ArgumentParser, formats: Sequence[str] = ("table", "csv", "json")
+) -> None:
+    """`--format` (env TRAJLAKE_FORMAT, default table) and `--max-width N` for a command printing a table."""
+    parser.add_argument(
+        "--format",
+        choices=formats,
+        default=env_default("FORMAT", "table"),
+        help="output format (env TRAJLAKE_FORMAT; default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-width",
+        type=int,
+        default=env_default("MAX_WIDTH"),
+        metavar="N",
+        help="cut a table to N characters, eliding middle columns; 0 = never "
+        "(env TRAJLAKE_MAX_WIDTH; default: the terminal's width, unlimited when piped)",
     )
 
 
@@ -110,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as err:
         print(f"trajlake {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        if not _stdout_is_closed():  # a socket's, not ours to hide
+            raise
+        return _drop_stdout()  # `trajlake sql ... | head`: the reader has what it wanted
     except Exception as err:
         if not _names_the_fix(err):
             raise
@@ -119,6 +144,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trajlake {args.command}: interrupted", file=sys.stderr)
         return 130
     return int(code or 0)
+
+
+def _stdout_is_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):
+        return False
+    if not hasattr(select, "poll"):
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _drop_stdout() -> int:
+    """Point stdout at /dev/null so the interpreter's final flush into the closed pipe raises
+    nothing; return 141, the shell's code for a command ended by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file (a test's capture): nothing will flush into the pipe
+        pass
+    return 141
 
 
 def _names_the_fix(err: Exception) -> bool:
@@ -133,7 +182,10 @@ def _names_the_fix(err: Exception) -> bool:
 def run() -> None:
     """Console-script entry: exit with `main`'s code."""
     code = main()
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the last buffered lines met a closed pipe
+        code = _drop_stdout()
     sys.stderr.flush()
     # deltalake's runtime threads can abort the interpreter while it tears down after a
     # clean run; the work is committed by now, so leave without running finalizers.

@@ -28,6 +28,7 @@ from typing import Any, Literal, TextIO
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trajlake.rollout.envs.config import EnvConfig
+from trajlake.schemas.terminal import Progress
 
 DEFAULT_STEPS = 40
 CHAT_BUDGET_FROM = EnvConfig().context_budget_tokens
@@ -103,34 +104,6 @@ class DemoConfig(BaseModel):
             self.env = self.env.model_copy(update={"faults": self.env.faults.scaled(self.fault_rate)})
             self.fault_rate = 1.0  # applied: a saved config reloads to the same rates
         return self
-
-
-# -- output ------------------------------------------------------------------------------------
-class Progress:
-    """A tqdm bar on a terminal; plain lines (every `every` updates) when output is piped."""
-
-    def __init__(self, total: int, desc: str, out: TextIO, every: int = 5) -> None:
-        self.out, self.desc, self.total, self.every, self.n = out, desc, total, every, 0
-        self.bar = None
-        if out.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, file=out, dynamic_ncols=True, leave=True)
-
-    def update(self, **postfix: Any) -> None:
-        """One more unit done; `postfix` shows the latest figures."""
-        self.n += 1
-        text = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in postfix.items())
-        if self.bar is not None:
-            self.bar.set_postfix_str(text, refresh=False)
-            self.bar.update(1)
-        elif self.n % self.every == 0 or self.n == self.total:
-            print(f"  {self.desc} {self.n}/{self.total} {text}", file=self.out, flush=True)
-
-    def close(self) -> None:
-        """Finish the bar."""
-        if self.bar is not None:
-            self.bar.close()
 
 
 # -- platform pieces -----------------------------------------------------------------------------
@@ -543,7 +516,7 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
         recorder=recorder,
     )
     workers = start_workers(ctx, feed, engine)
-    progress = Progress(cfg.steps, "train", ctx.out)
+    progress = Progress(cfg.steps, "train", "steps", stream=ctx.out, every=5)
     step = 0
     try:
         while step < cfg.steps:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trajlake.cli import CliError, add_lake_option, add_run_option, env_default
+from trajlake.cli import CliError, add_lake_option, add_run_option, add_table_options, env_default
 
 APP = Path(__file__).with_name("app.py")
 TABLE_COLUMNS = (
@@ -61,12 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("metrics", help="the dashboard's figures per policy version")
     add_lake_option(p)
     add_run_option(p)
-    p.add_argument(
-        "--format",
-        choices=("table", "json"),
-        default=env_default("FORMAT", "table"),
-        help="output format (env TRAJLAKE_FORMAT; default %(default)s)",
-    )
+    add_table_options(p)
     _add_threshold(p)
     p.set_defaults(handler=run_metrics)
 
@@ -144,27 +139,14 @@ def run_metrics(args: argparse.Namespace) -> int:
     if args.run not in runs:
         raise CliError(f"run {args.run!r} is not in {args.lake}; runs there: {', '.join(runs) or 'none'}")
     report = metrics.metrics_report(lake, args.run, args.success_threshold)
-    if args.format == "json":
+    if args.format == "json":  # the whole report: the table's rows and pass@k
         print(json.dumps(report, indent=2, default=str))
-    else:
-        print(format_table(report))
+        return 0
+    from trajlake.schemas.terminal import write_table
+
+    rows = [[v.get(c) for c in TABLE_COLUMNS] for v in report["versions"]]
+    write_table(TABLE_COLUMNS, rows, sys.stdout, args.format, max_width=args.max_width, float_format=".4f")
+    if args.format == "table":
+        passk = "  ".join(f"pass@{k}={v:.4f}" for k, v in report["pass_at_k"].items())
+        print(f"run {report['run_id']}: {passk or 'no scored trajectories'}")
     return 0
-
-
-def format_table(report: dict[str, Any]) -> str:
-    """One line per policy version with the headline figures, then pass@k for the whole run."""
-    cells = [[_cell(v.get(c)) for c in TABLE_COLUMNS] for v in report["versions"]]
-    widths = [
-        max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(TABLE_COLUMNS)
-    ]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(TABLE_COLUMNS, widths, strict=True))]
-    lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths, strict=True)) for r in cells]
-    passk = "  ".join(f"pass@{k}={v:.4f}" for k, v in report["pass_at_k"].items())
-    lines.append(f"run {report['run_id']}: {passk or 'no scored trajectories'}")
-    return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -77,9 +77,9 @@ def _print_report(report, as_json: bool) -> int:
 def run_import_harbor(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from trajlake.progress import Progress
     from trajlake.rollout.errors import ImportFormatError
     from trajlake.rollout.importers.harbor import find_trials, import_harbor
+    from trajlake.schemas.terminal import Progress
     from trajlake.store.lake import Lake
 
     try:
@@ -92,9 +92,9 @@ def run_import_harbor(args: argparse.Namespace) -> int:
 
 
 def run_import_skyrl(args: argparse.Namespace) -> int:
-    from trajlake.progress import Progress
     from trajlake.rollout.errors import ImportFormatError
     from trajlake.rollout.importers.skyrl import import_skyrl
+    from trajlake.schemas.terminal import Progress
     from trajlake.store.lake import Lake
 
     try:

@@ -7,19 +7,21 @@ import json
 import sys
 from typing import Any
 
-from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default, settings_error
+from trajlake.cli import (
+    CliError,
+    add_kafka_option,
+    add_lake_option,
+    add_table_options,
+    env_default,
+    settings_error,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the lake's commands."""
     p = subparsers.add_parser("sql", help="read-only SQL over every table of the lake")
     add_lake_option(p)
-    p.add_argument(
-        "--format",
-        choices=("table", "csv", "json"),
-        default=env_default("FORMAT", "table"),
-        help="output format (env TRAJLAKE_FORMAT; default %(default)s)",
-    )
+    add_table_options(p)
     p.add_argument(
         "query", help='one SELECT statement, e.g. "select status, count(*) from trajectories group by 1"'
     )
@@ -99,54 +101,11 @@ def run_sql(args: argparse.Namespace) -> int:
         if type(err).__module__.startswith(("duckdb", "_duckdb")):
             raise CliError(f"{err}".strip()) from None
         raise
-    write_table(table, args.format, sys.stdout)
+    from trajlake.schemas.terminal import write_table
+
+    rows = list(zip(*(column.to_pylist() for column in table.columns), strict=True))
+    write_table(table.column_names, rows, sys.stdout, args.format, max_width=args.max_width)
     return 0
-
-
-def write_table(table: Any, fmt: str, out: Any) -> None:
-    """Print an Arrow table as an aligned text table, CSV, or a JSON list of row objects."""
-    rows = table.to_pylist()
-    if fmt == "json":
-        json.dump(rows, out, default=_json_default)
-        out.write("\n")
-    elif fmt == "csv":
-        import csv
-
-        writer = csv.writer(out)
-        writer.writerow(table.column_names)
-        for row in rows:
-            writer.writerow(["" if v is None else _cell(v) for v in row.values()])
-    else:
-        header = table.column_names
-        cells = [[_cell(v) for v in row.values()] for row in rows]
-        widths = [min(60, max([len(h)] + [len(c[i]) for c in cells])) for i, h in enumerate(header)]
-        out.write(" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip() + "\n")
-        out.write("-+-".join("-" * w for w in widths) + "\n")
-        for c in cells:
-            out.write(" | ".join(v[:w].ljust(w) for v, w in zip(c, widths, strict=True)).rstrip() + "\n")
-        out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, list) and len(value) > 8:
-        return "[" + ", ".join(_cell(v) for v in value[:8]) + f", … ({len(value)} items)]"
-    return str(value)
-
-
-def _json_default(value: Any) -> Any:
-    import decimal
-
-    if isinstance(value, decimal.Decimal):  # DuckDB sums of integers are HUGEINT -> Decimal
-        return int(value) if value == value.to_integral_value() else float(value)
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.hex()
-    return str(value)
 
 
 def run_rebuild(args: argparse.Namespace) -> int:
@@ -170,7 +129,7 @@ def run_compact(args: argparse.Namespace) -> int:
 
     lake = Lake(args.lake)
     try:
-        from trajlake.progress import Progress
+        from trajlake.schemas.terminal import Progress
 
         report = None
         with Progress(len(TABLES), "compact", unit="tables") as progress:
@@ -203,8 +162,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
-    from trajlake.progress import Progress
     from trajlake.rollout.loadgen import LoadgenConfig, generate
+    from trajlake.schemas.terminal import Progress
 
     try:
         config = LoadgenConfig(

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from tests.helpers import trajlake
 
 CONTRACT = ("demo", "loadgen", "sql", "rebuild", "compact", "kafka", "ingest", "import", "doctor", "metrics",
             "ablate", "select-overfit", "dashboard", "model", "vllm")  # fmt: skip
+F_SETPIPE_SZ = 1031  # Linux: set a pipe's buffer size
 
 
 def test_help_lists_every_contract_command() -> None:
@@ -100,3 +105,38 @@ def test_a_bad_numeric_variable_fails_only_the_command_that_reads_it(tmp_path) -
         "ingest", "--kafka", "127.0.0.1:9", "--until-idle", "-1", "--lake", str(tmp_path), check=False
     )
     assert out.returncode == 2 and "--until-idle must be 0 or more seconds, not -1" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def versions_lake(tmp_path_factory) -> str:
+    """A lake whose `events` and per-version metrics both outgrow a small pipe."""
+    root = str(tmp_path_factory.mktemp("pipe") / "lake")
+    trajlake("loadgen", "--lake", root, "--trajectories", "200", "--policy-versions", "100")
+    return root
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["sql", "select * from events"], ["metrics", "--run", "loadgen"]],
+    ids=["sql", "metrics"],
+)
+def test_a_reader_that_stops_early_ends_the_command_quietly(versions_lake, args) -> None:
+    """`trajlake sql ... | head`: the reader closes the pipe after one line; no traceback follows."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, F_SETPIPE_SZ, 4096)  # the output must outgrow the pipe to meet the closed end
+    cmd = [
+        sys.executable,
+        "-c",
+        "from trajlake.cli import run; run()",
+        args[0],
+        "--lake",
+        versions_lake,
+        *args[1:],
+    ]
+    child = subprocess.Popen(cmd, stdout=write_end, stderr=subprocess.PIPE, text=True)
+    os.close(write_end)
+    with os.fdopen(read_end) as reader:
+        first = reader.readline()
+    _, err = child.communicate(timeout=120)
+    assert first.split()[0] in ("event_id", "policy_version")
+    assert child.returncode in (0, 141) and err == ""

@@ -5,9 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-from trajlake.cli import CliError, add_lake_option, add_run_option, env_default, settings_error
+from trajlake.cli import (
+    CliError,
+    add_lake_option,
+    add_run_option,
+    add_table_options,
+    env_default,
+    settings_error,
+)
 
 
 def _csv(value: str) -> list[str]:
@@ -82,12 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=int(env_default("MIN_SAMPLES", "2") or 2),
         help="samples a task needs (env TRAJLAKE_MIN_SAMPLES; default 2)",
     )
-    p.add_argument(
-        "--format",
-        choices=("table", "json"),
-        default=env_default("FORMAT", "table"),
-        help="output format (env TRAJLAKE_FORMAT)",
-    )
+    add_table_options(p)
     p.set_defaults(handler=run_select_overfit)
 
     p = subparsers.add_parser("train", help="the reference CPU trainer on a run's data (tiny policy)")
@@ -167,7 +168,11 @@ def run_select_overfit(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(tasks, default=str))
     else:
-        _print_tasks(tasks)
+        from trajlake.schemas.terminal import write_table
+
+        columns = ("task_id", "n_samples", "n_groups", "reward_mean", "reward_std")
+        rows = [[t[c] for c in columns] for t in tasks]
+        write_table(columns, rows, sys.stdout, args.format, max_width=args.max_width, float_format=".3f")
     if len(tasks) < args.n:
         print(
             f"trajlake select-overfit: only {len(tasks)} of {args.n} tasks in run {args.run!r} have non-zero reward "
@@ -176,23 +181,6 @@ def run_select_overfit(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
-
-
-def _print_tasks(tasks: list[dict[str, Any]]) -> None:
-    header = ("task_id", "n_samples", "n_groups", "reward_mean", "reward_std")
-    rows = [
-        [
-            str(t["task_id"]),
-            str(t["n_samples"]),
-            str(t["n_groups"]),
-            f"{t['reward_mean']:.3f}",
-            f"{t['reward_std']:.3f}",
-        ]
-        for t in tasks
-    ]
-    widths = [max(len(r[i]) for r in [list(header), *rows]) for i in range(len(header))]
-    for row in [list(header), *rows]:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -46,9 +48,15 @@ def test_metrics_match_the_figures_the_app_shows(dash_lake, capsys, monkeypatch)
 def test_metrics_table_prints_a_line_per_version(dash_lake, capsys):
     assert main(["metrics", "--lake", dash_lake.root, "--run", RUN]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:3] == ["policy_version", "n_trajectories", "n_scored"]
-    assert [line.split()[0] for line in lines[1:5]] == ["0", "1", "2", "3"]
+    assert lines[0].split(" | ")[:3] == ["policy_version", "n_trajectories", "n_scored"]
+    assert [line.split()[0] for line in lines[2:6]] == ["0", "1", "2", "3"]
     assert lines[-1].startswith(f"run {RUN}: pass@1=")
+
+
+def test_metrics_csv_has_a_row_per_version(dash_lake, capsys):
+    assert main(["metrics", "--lake", dash_lake.root, "--run", RUN, "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["policy_version"] for r in rows[:4]] == ["0", "1", "2", "3"]
 
 
 def test_metrics_names_the_runs_there_when_the_run_is_unknown(dash_lake, capsys):
