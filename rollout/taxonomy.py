@@ -31,10 +31,6 @@ class Failure:
         assert self.origin is None or self.origin in FAILURE_ORIGINS, self.origin
         assert self.label is None or self.label in FAILURE_LABELS, self.label
 
-    @property
-    def is_system(self) -> bool:
-        return self.origin == SYSTEM
-
 
 COMPLETED = Failure("completed", None, None)
 CONTEXT_EXHAUSTED = Failure("context_exhausted", MODEL, MODEL_CAPABILITY)

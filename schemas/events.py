@@ -55,7 +55,6 @@ FAILURE_LABELS = (
     "verifier_error",
     "infra",
 )
-TOOL_ERROR_TYPES = ("malformed_call", "tool_error", "timeout", "sandbox_crash", "infra")
 
 # Fields -----------------------------------------------------------------------------------
 _ENVELOPE: list[pa.Field] = [

@@ -183,7 +183,8 @@ def _fitting_columns(widths: list[int], width: int | None) -> list[int]:
     """Column indexes to show, with -1 where middle columns were elided (kept: the outer ones)."""
     if width is None or _total(widths, range(len(widths))) <= width:
         return list(range(len(widths)))
-    left, right = [0], list[int]()
+    left: list[int] = [0]
+    right: list[int] = []
     for i in _outside_in(len(widths))[1:]:
         trial_left, trial_right = ([*left, i], right) if i < len(widths) / 2 else (left, [i, *right])
         if _total(widths, [*trial_left, -1, *trial_right]) > width:

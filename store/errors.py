@@ -6,8 +6,6 @@ from __future__ import annotations
 class LakeError(RuntimeError):
     """A lake operation failed; `table_uri` says where."""
 
-    retryable = False
-
     def __init__(self, message: str, *, table_uri: str | None = None) -> None:
         super().__init__(message)
         self.table_uri = table_uri
@@ -15,8 +13,6 @@ class LakeError(RuntimeError):
 
 class CommitConflict(LakeError):
     """Another writer committed first and the commit could not be retried; safe to redo."""
-
-    retryable = True
 
 
 class ReadOnlyQueryError(LakeError):
@@ -28,8 +24,6 @@ class TxnFenced(LakeError):
 
     The writer must drop what it buffered for that source and resume from the Delta log.
     """
-
-    retryable = False
 
     def __init__(
         self, message: str, *, table_uri: str | None = None, stale: dict[str, tuple] | None = None

@@ -4,26 +4,11 @@ from __future__ import annotations
 
 
 class TrainerError(RuntimeError):
-    """A trainer-side failure; `retryable` says whether trying again can help."""
-
-    retryable = False
-
-
-class NoDataError(TrainerError):
-    """The lake holds no trajectories the sampler may hand out (yet)."""
-
-    retryable = True
-
-    def __init__(self, message: str, *, run_id: str, trainer_version: int) -> None:
-        super().__init__(message)
-        self.run_id = run_id
-        self.trainer_version = trainer_version
+    """A trainer-side failure."""
 
 
 class LeaseLostError(TrainerError):
     """A batch's lease expired and another rank took some of its trajectories before commit."""
-
-    retryable = False
 
     def __init__(self, message: str, *, run_id: str, trajectory_ids: list[str]) -> None:
         super().__init__(message)
