@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +151,14 @@ def upgrade(engine: Engine) -> None:
 class Catalog:
     """Runs, policy versions and sampler leases in one SQL database."""
 
-    def __init__(self, url: str = "sqlite:///trajlake-data/catalog.db", busy_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str = "sqlite:///trajlake-data/catalog.db",
+        busy_timeout_s: float = 30.0,
+        clock: Callable[[], dt.datetime] = utcnow,
+    ) -> None:
         self.url = _normalise_url(url)
+        self.clock = clock  # naive UTC now; tests pass their own to expire leases without sleeping
         self.engine = _make_engine(self.url, busy_timeout_s)
         upgrade(self.engine)
 
@@ -178,7 +184,7 @@ class Catalog:
         with Session(self.engine) as session, session.begin():
             run = session.get(Run, run_id)
             if run is None:
-                session.add(Run(run_id=run_id, config=config, status=status, created_at=utcnow()))
+                session.add(Run(run_id=run_id, config=config, status=status, created_at=self.clock()))
             else:
                 run.config = config if config is not None else run.config
                 run.status = status
@@ -209,7 +215,7 @@ class Catalog:
         with Session(self.engine) as session, session.begin():
             session.merge(
                 PolicyVersion(
-                    run_id=run_id, version=version, step=step, checkpoint=checkpoint, created_at=utcnow()
+                    run_id=run_id, version=version, step=step, checkpoint=checkpoint, created_at=self.clock()
                 )
             )
 
@@ -257,7 +263,7 @@ class Catalog:
     ) -> list[str]:
         claimed: list[str] = []
         with self.engine.begin() as conn:
-            now = utcnow()
+            now = self.clock()
             expires = now + dt.timedelta(seconds=ttl_s)
             for start in range(0, len(ids), CLAIM_CHUNK):
                 chunk = ids[start : start + CLAIM_CHUNK]
@@ -309,7 +315,7 @@ class Catalog:
                     SamplerLease.owner == owner,
                     SamplerLease.consumed.is_(False),
                 )
-                .values(expires_at=utcnow() + dt.timedelta(seconds=ttl_s))
+                .values(expires_at=self.clock() + dt.timedelta(seconds=ttl_s))
             )
             if trajectory_ids is not None:
                 stmt = stmt.where(SamplerLease.trajectory_id.in_(list(trajectory_ids)))
@@ -349,14 +355,14 @@ class Catalog:
                     SamplerLease.consumed.is_(False),
                     SamplerLease.trajectory_id.in_(ids),
                 )
-                .values(consumed=True, consumed_at=utcnow(), step=step)
+                .values(consumed=True, consumed_at=self.clock(), step=step)
                 .returning(SamplerLease.trajectory_id)
             )
             return list(conn.execute(stmt).scalars().all())
 
     def unavailable_ids(self, run_id: str) -> set[str]:
         """Ids another claim would not get now: consumed, or leased and not expired."""
-        now = utcnow()
+        now = self.clock()
         with self.engine.connect() as conn:
             stmt = select(SamplerLease.trajectory_id).where(
                 SamplerLease.run_id == run_id,
@@ -366,7 +372,7 @@ class Catalog:
 
     def lease_counts(self, run_id: str) -> dict[str, int]:
         """How many leases of a run are consumed, live (held) and expired."""
-        now = utcnow()
+        now = self.clock()
         lease = SamplerLease
         with self.engine.connect() as conn:
             consumed, live, expired = conn.execute(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from trajlake.schemas import events as ev
@@ -55,3 +58,24 @@ def trajlake(
 def clean_env(home: Any, **env: str) -> dict[str, str]:
     """A minimal environment for a CLI subprocess: PATH, HOME=`home`, plus `env` (no inherited TRAJLAKE_*, AWS_*)."""
     return {"PATH": "/usr/bin:/bin", "HOME": str(home), **env}
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout_s` (no fixed sleeps in tests)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains `text` (Linux /proc; zombies have none)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # the process ended while we looked
+            continue
+    return pids

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.helpers import processes_mentioning, wait_until
 from trajlake.rollout import taxonomy
 from trajlake.rollout.config import SandboxConfig, ToolRunnerConfig
 from trajlake.rollout.sandbox import sandbox_tool
@@ -138,8 +139,9 @@ def test_a_sandboxed_code_tool_is_flagged_and_its_timeout_kills_the_process(tmp_
     assert ok.ok and ok.output.strip() == "hi" and ok.is_code_execution
     assert slow.status == "timeout" and slow.is_code_execution
     assert slow.failure == (taxonomy.MODEL, taxonomy.MODEL_CAPABILITY)
-    time.sleep(2.2)
-    assert not marker.exists()  # the command was killed, not left running
+    # the command was killed, not left running: no process is left that could touch the marker
+    wait_until(lambda: not processes_mentioning(str(marker)), 10, "the timed-out command to end")
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize(

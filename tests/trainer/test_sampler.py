@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import numpy as np
 import pytest
 
 from trajlake.rollout.recorder import Recorder
-from trajlake.store.catalog import Catalog, default_url
+from trajlake.store.catalog import Catalog, default_url, utcnow
 from trajlake.store.projections import catch_up
 from trajlake.trainer.batch import pack_micro_batches
 from trajlake.trainer.config import SamplerConfig
@@ -173,19 +175,22 @@ def test_committed_trajectories_never_come_back_but_released_and_expired_ones_do
     assert sampler(lake, catalog, rank=2).next_batch(0, 0) is None
 
 
-def test_a_dead_ranks_lease_expires_and_its_late_commit_is_refused(lake, catalog, make_run, pair):
+def test_a_dead_ranks_lease_expires_and_its_late_commit_is_refused(lake, make_run, pair):
     make_run(pair("a"))
-    dead = sampler(lake, catalog, lease_ttl_s=0.001)
+    now = [utcnow()]
+    catalog = Catalog(default_url(lake.root), clock=lambda: now[0])
+    dead = sampler(lake, catalog, lease_ttl_s=60)
     lost = dead.next_batch(0, 0)
-    import time
-
-    time.sleep(0.01)
+    now[0] += dt.timedelta(seconds=59)
+    assert sampler(lake, catalog, rank=1).next_batch(0, 0) is None  # the lease still holds
+    now[0] += dt.timedelta(seconds=2)  # the dead rank's lease expires
     alive = sampler(lake, catalog, rank=1)
     taken = alive.next_batch(0, 0)
     assert taken.trajectory_ids == lost.trajectory_ids
     assert alive.commit(taken) == taken.trajectory_ids
     with pytest.raises(LeaseLostError, match="raise lease_ttl_s"):
         dead.commit(lost)
+    catalog.close()
 
 
 def test_micro_batches_respect_the_token_budget(lake, catalog, make_run, spec):
