@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.fixtures.kafka import wait_for_log
+from tests.helpers import wait_until
 from trajlake.ingest import codec
 from trajlake.ingest.broker import BrokerConfig, free_port, start_broker, stop_broker
 from trajlake.ingest.bus.base import Message
@@ -92,7 +93,11 @@ def test_sigterm_while_the_broker_is_down_commits_and_exits_promptly(trajlake_cl
         wait_for_log(sink, f"totals: {produced} events")
     finally:
         stop_broker(broker.data_dir)
-    time.sleep(3)  # lag refreshes (every 0.5 s) now meet a broker that is gone
+    # two more log lines: the second one's lag refresh surely met the stopped broker
+    logged = sink.log_path.read_text(errors="replace").count("totals: ")
+    wait_until(
+        lambda: sink.log_path.read_text(errors="replace").count("totals: ") >= logged + 2, 60, "lag refreshes"
+    )
     stopped_at = time.monotonic()
     sink.send_signal(signal.SIGTERM)
     out, _ = sink.communicate(timeout=60)

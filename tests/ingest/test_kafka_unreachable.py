@@ -17,6 +17,9 @@ from trajlake.ingest.config import KafkaConfig
 from trajlake.ingest.sink import DeltaSink
 from trajlake.store.lake import Lake
 
+# Kafka clients against closed or hung ports, a real broker, and CLI processes that take seconds each
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def nowhere(tmp_path: Path) -> KafkaConfig:
