@@ -43,6 +43,7 @@ class FakeVllm:
         default_factory=list
     )  # (status, headers) to answer first
     delay_s: float = 0.0
+    received: int = 0  # requests read so far, counted before `delay_s`: the client is then in flight
     max_model_len: int = 4096
     legacy: bool = False  # answer like vLLM 0.6-0.10.1: no token_ids/prompt_token_ids fields
     eos_after: int | None = None
@@ -173,6 +174,7 @@ def fake_vllm() -> Iterator[FakeVllm]:
                 self._reply(404, {}, {"detail": "Not Found"})
                 return
             body = self._body()
+            state.received += 1
             if state.delay_s:
                 time.sleep(state.delay_s)
             self._reply(*state.respond(body))

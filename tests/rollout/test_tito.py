@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from tests.helpers import wait_until
 from trajlake.rollout.config import RetryConfig, TitoConfig
 from trajlake.rollout.errors import Cancelled, InferenceError, InferenceResponseError
 from trajlake.rollout.tito import ContextLengthExceeded, TitoClient, parse_choice
@@ -83,18 +84,28 @@ def test_a_slow_server_times_out(fake_vllm):
         client.complete([1], max_tokens=1)
 
 
+def cancel_once_requested(fake_vllm) -> threading.Event:
+    """An event set once the server holds the request: the client is then in flight or backing off."""
+    cancel = threading.Event()
+
+    def watch() -> None:
+        wait_until(lambda: fake_vllm.received > 0, 60, "the request to reach the server")
+        cancel.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return cancel
+
+
 def test_cancel_stops_a_request_in_flight(fake_vllm):
     fake_vllm.delay_s = 2.0
-    cancel = threading.Event()
-    threading.Timer(0.1, cancel.set).start()
+    cancel = cancel_once_requested(fake_vllm)
     with pytest.raises(Cancelled, match="in flight"):
         client_for(fake_vllm).complete([1, 2], max_tokens=4, cancel=cancel)
 
 
 def test_cancel_stops_the_backoff_between_retries(fake_vllm):
     fake_vllm.failures = [(503, {"retry-after": "30"})]
-    cancel = threading.Event()
-    threading.Timer(0.1, cancel.set).start()
+    cancel = cancel_once_requested(fake_vllm)
     with pytest.raises(Cancelled, match="retry"):
         client_for(fake_vllm).complete([1, 2], max_tokens=4, cancel=cancel)
 
