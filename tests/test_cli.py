@@ -32,6 +32,7 @@ def test_help_imports_nothing_heavy() -> None:
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.integration
 def test_loadgen_json_prints_counts_that_match_the_lake(tmp_path) -> None:
     root = str(tmp_path / "lake")
     counts = json.loads(trajlake("loadgen", "--lake", root, "--trajectories", "40", "--json").stdout)
@@ -47,6 +48,7 @@ def test_bad_options_name_the_fix(tmp_path) -> None:
     assert out.returncode == 2 and "trajectories" in out.stderr and "TRAJLAKE_TRAJECTORIES" in out.stderr
 
 
+@pytest.mark.integration
 def test_options_read_environment_variables(tmp_path) -> None:
     import os
 
@@ -60,6 +62,7 @@ def test_rebuild_of_a_missing_lake_fails_with_a_hint(tmp_path) -> None:
     assert out.returncode == 2 and "no events table" in out.stderr
 
 
+@pytest.mark.integration
 def test_successive_embedded_runs_into_one_lake_keep_every_event(tmp_path) -> None:
     """Each process's in-process bus starts at offset 0; none may be mistaken for an earlier one's."""
     root = str(tmp_path / "lake")
@@ -82,6 +85,7 @@ def test_successive_embedded_runs_into_one_lake_keep_every_event(tmp_path) -> No
     assert {r["run_id"]: r["n"] for r in stored} == produced
 
 
+@pytest.mark.integration
 def test_a_lake_path_that_is_a_file_is_an_error_naming_it(tmp_path) -> None:
     not_a_dir = tmp_path / "notes.txt"
     not_a_dir.write_text("not a lake")
@@ -93,6 +97,7 @@ def test_a_lake_path_that_is_a_file_is_an_error_naming_it(tmp_path) -> None:
     assert not_a_dir.read_text() == "not a lake"
 
 
+@pytest.mark.integration
 def test_a_bad_numeric_variable_fails_only_the_command_that_reads_it(tmp_path) -> None:
     import os
 
@@ -115,6 +120,7 @@ def versions_lake(tmp_path_factory) -> str:
     return root
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args",
     [["sql", "select * from events"], ["metrics", "--run", "loadgen"]],

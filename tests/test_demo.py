@@ -48,6 +48,7 @@ def short_demo(tmp_path_factory) -> tuple[int, dict, Lake]:
     )
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_short_demo_learns_and_fills_every_table(short_demo):
     code, summary, lake = short_demo
@@ -85,6 +86,7 @@ def test_a_short_demo_learns_and_fills_every_table(short_demo):
     assert rows_of_run(lake, "trajectories", "short-overfit") >= 32 * 8
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("page", ["overview", "entropy", "behaviour", "failures", "async", "browser", "sql"])
 def test_every_dashboard_page_shows_the_demo_run(short_demo, monkeypatch, page):
@@ -101,6 +103,7 @@ def test_every_dashboard_page_shows_the_demo_run(short_demo, monkeypatch, page):
         assert list(at.get("vega_lite_chart")), f"the {page} page drew no chart of the demo run"
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_ablate_replays_the_demo_run(short_demo, capsys):
     _, _, lake = short_demo

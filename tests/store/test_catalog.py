@@ -96,6 +96,7 @@ RACE = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_processes_racing_for_the_same_ids_never_share_one(catalog_url):
     Catalog(catalog_url).close()
     procs = [

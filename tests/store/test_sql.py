@@ -56,6 +56,7 @@ def test_writes_and_outside_reads_are_refused(filled, query: str, refused: str) 
         filled.sql(query)
 
 
+@pytest.mark.integration
 def test_cli_formats(filled) -> None:
     q = "select status, count(*) as n from trajectories group by status order by status"
     rows = json.loads(trajlake("sql", "--lake", filled.root, "--format", "json", q).stdout)

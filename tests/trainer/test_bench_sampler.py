@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_quick_bench_writes_side_by_side_figures(tmp_path):
     out = tmp_path / "bench.json"

@@ -48,6 +48,7 @@ def catalog_url(request, lake) -> str:
     return request.getfixturevalue("pg_catalog_url")
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_three_ranks_share_a_run_without_overlap_and_recover_a_killed_ranks_leases(
     lake, bus, drain, catalog_url, tmp_path
