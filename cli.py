@@ -13,6 +13,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trajlake.schemas.errors import TrajlakeError
+
 COMMAND_MODULES = (
     "trajlake.store.commands",
     "trajlake.rollout.commands",
@@ -20,13 +22,13 @@ COMMAND_MODULES = (
     "trajlake.ingest.commands",
     "trajlake.trainer.commands",
     "trajlake.dashboards.commands",
-    "trajlake.demo_commands",
+    "trajlake.demo.commands",
 )
 
 DEFAULT_LAKE = "./trajlake-data"
 
 
-class CliError(Exception):
+class CliError(TrajlakeError):
     """A user-facing failure: printed to stderr without a traceback, exit code 2."""
 
 
@@ -107,27 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         code = args.handler(args)
-    except CliError as err:
-        print(f"trajlake {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except Exception as err:
-        if not _names_the_fix(err):
-            raise
+    except TrajlakeError as err:
         print(f"trajlake {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"trajlake {args.command}: interrupted", file=sys.stderr)
         return 130
     return int(code or 0)
-
-
-def _names_the_fix(err: Exception) -> bool:
-    """True for errors whose message says what to fix: a lake or a broker that could not be reached."""
-    from trajlake.ingest.bus.base import BusUnreachable
-    from trajlake.ingest.spool import SpoolFull
-    from trajlake.store.errors import LakeError
-
-    return isinstance(err, LakeError | BusUnreachable | SpoolFull)
 
 
 def run() -> None:

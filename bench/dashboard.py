@@ -31,9 +31,9 @@ import pyarrow as pa
 
 from trajlake.dashboards import metrics as m
 from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
-from trajlake.rollout.recorder import Recorder
 from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
 from trajlake.store.lake import Lake
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from trajlake.schemas.errors import TrajlakeError
+
 log = logging.getLogger(__name__)
 
 KAFKA_VERSION = "4.1.1"
@@ -52,7 +54,7 @@ rootLogger.appenderRef.file.ref = file
 """
 
 
-class BrokerError(RuntimeError):
+class BrokerError(TrajlakeError, RuntimeError):
     """The local broker could not be fetched, started or stopped; the message says why and what to do."""
 
 

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import IO
 
 from trajlake.ingest.bus.base import Message
+from trajlake.schemas.errors import TrajlakeError
 
 _LEN = struct.Struct(">II")
 
 
-class SpoolFull(RuntimeError):
+class SpoolFull(TrajlakeError, RuntimeError):
     """The spool reached its byte limit while the broker stayed unreachable; raise spool_max_bytes."""
 
 

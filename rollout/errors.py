@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from trajlake.schemas.errors import TrajlakeError
 
-class RolloutError(RuntimeError):
+
+class RolloutError(TrajlakeError, RuntimeError):
     """Base class of rollout toolkit errors."""
 
     retryable = False

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajlake.ingest.bus.base import Bus, Message
+from trajlake.ingest.recorder import Recorder, TrajectoryRecorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.config import WorkerConfig
-from trajlake.rollout.recorder import Recorder, TrajectoryRecorder
 
 AgentFn = Callable[[TrajectoryRecorder, "AgentTask"], Any]
 

@@ -690,7 +690,7 @@ def run(args: argparse.Namespace, figures: dict[str, Any], cleanup: list) -> Non
     recorder = lake = bus = None
     if args.lake:
         from trajlake.ingest.bus.inprocess import InProcessBus
-        from trajlake.rollout.recorder import Recorder
+        from trajlake.ingest.recorder import Recorder
         from trajlake.store.lake import Lake
 
         bus, lake = InProcessBus(), Lake(args.lake)

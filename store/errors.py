@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from trajlake.schemas.errors import TrajlakeError
 
-class LakeError(RuntimeError):
+
+class LakeError(TrajlakeError, RuntimeError):
     """A lake operation failed; `table_uri` says where."""
 
     retryable = False

@@ -33,7 +33,7 @@ from trajlake.trainer.sampler import Sampler
 from trajlake.trainer.step import policy_step
 
 if TYPE_CHECKING:
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.ingest.recorder import Recorder
     from trajlake.store.catalog import Catalog
     from trajlake.store.lake import Lake
 

@@ -34,7 +34,7 @@ from trajlake.trainer.publish import publish_batch_consumed
 from trajlake.trainer.tokens import read_tokens
 
 if TYPE_CHECKING:
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.ingest.recorder import Recorder
     from trajlake.store.catalog import Catalog
     from trajlake.store.lake import Lake
 

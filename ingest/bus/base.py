@@ -12,8 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trajlake.schemas.errors import TrajlakeError
 
-class BusUnreachable(ConnectionError):
+
+class BusUnreachable(TrajlakeError, ConnectionError):
     """The bus's brokers could not be reached in time; the message says how to fix it."""
 
 

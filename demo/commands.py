@@ -1,4 +1,4 @@
-"""`trajlake demo`: argument parsing only; the run itself lives in `trajlake.demo`."""
+"""`trajlake demo`: argument parsing only; the run itself lives in `trajlake.demo.recipe`."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def handle(args: argparse.Namespace) -> int:
     """Run the demo; exit 0 when it learned, 1 when it did not."""
     from pydantic import ValidationError
 
-    from trajlake.demo import DemoConfig, run_demo, summary_json
+    from trajlake.demo.recipe import DemoConfig, run_demo, summary_json
 
     try:
         config = DemoConfig(
