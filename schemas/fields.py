@@ -4,8 +4,8 @@ Everything else is derived from `FIELDS`: the Arrow schema of `events` and of th
 format (`events.EVENTS_SCHEMA`), `REQUIRED_FIELDS` and the enum checks of validation, the
 fed columns of the projection tables (`tables.py`) and the SQL that fills them
 (`store/projections.py`), the keywords the Recorder accepts and loadgen's columns.
-Adding a field is adding one `EventField` here (at the end of its event type's group;
-the position is its column's position in `events`).
+Adding a field is adding one `EventField` here, at the end of `BODY`: its position is its
+column's position in `events`, and lakes written before it gain it as a trailing column.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from trajlake.schemas.events import EVENTS_SCHEMA as SCHEMAS_EVENTS
@@ -275,6 +276,11 @@ def added_files(lake: Lake, after: int, upto: int) -> list[str] | None:
     return paths
 
 
+def _read_events_file(path: str, fs: pafs.FileSystem) -> pa.Table:
+    """The columns projections read of one `events` file; a column newer than the file reads as null."""
+    return pq.read_table(path, columns=list(EVENT_COLUMNS), filesystem=fs, schema=SCHEMAS_EVENTS)
+
+
 def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Table]) -> pa.Table:
     from trajlake.store.lake import SCHEMAS
 
@@ -287,9 +293,7 @@ def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Ta
                 seen.add(id(known[path]))
                 parts.append(scalarize(known[path]))
         else:
-            parts.append(
-                scalarize(pq.read_table(f"{root}/events/{path}", columns=list(EVENT_COLUMNS), filesystem=fs))
-            )
+            parts.append(scalarize(_read_events_file(f"{root}/events/{path}", fs)))
     if not parts:
         return scalarize(SCHEMAS["events"].empty_table())
     return pa.concat_tables(parts)
@@ -366,7 +370,7 @@ def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, i
     parts = [scalarize(SCHEMAS_EVENTS.empty_table())]
     for uri in lake.files("events"):
         path = uri.split("://", 1)[1] if "://" in uri else uri
-        parts.append(scalarize(pq.read_table(path, columns=list(EVENT_COLUMNS), filesystem=fs)))
+        parts.append(scalarize(_read_events_file(path, fs)))
     rows = compute(pa.concat_tables(parts))
     counts = {}
     for name in names:
