@@ -214,6 +214,8 @@ BODY: tuple[EventField, ...] = (
     ),
     # anything else a producer wants to keep
     EventField("attributes", pa.string(), ALL, json=True),
+    # added after the first release: new fields go last, so stored tables gain a trailing column
+    EventField("advantage", pa.float64(), _TURN, feeds=(Feed("turns"),)),  # the trainer's, for this turn
 )
 """Type-specific fields, grouped by the event type that introduces them."""
 

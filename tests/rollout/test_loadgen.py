@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from trajlake.rollout.loadgen import LoadgenConfig, _ColumnBatch, generate
@@ -29,3 +30,13 @@ def test_a_field_the_event_type_does_not_carry_is_refused() -> None:
     batch = _ColumnBatch("r", vocab_size=100)
     with pytest.raises(TypeError, match="carries no field"):
         batch.start(task_id="t", group_id="g", sample_index=0, sampling_params={}, status="completed")
+
+
+def test_a_batch_takes_a_turns_advantage() -> None:
+    batch = _ColumnBatch("r", vocab_size=100)
+    batch.start(task_id="t", group_id="g", sample_index=0, sampling_params={})
+    ids = np.array([1, 2], dtype=np.int32)
+    batch.turn(ids, np.array([-0.1, -0.2], dtype=np.float32), 0, input_token_ids=ids, advantage=-0.5)
+    batch.turn(ids, np.array([-0.1, -0.2], dtype=np.float32), 0, input_token_ids=ids)
+    batch.finish("completed")
+    assert batch.table().column("advantage").to_pylist() == [None, -0.5, None, None]

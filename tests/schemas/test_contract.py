@@ -66,6 +66,7 @@ EVENTS = [
     ("consumed_trajectory_ids", pa.list_(pa.string())),
     ("consumed_staleness", pa.list_(pa.int64())),
     ("attributes", pa.string()),
+    ("advantage", pa.float64()),
 ]
 
 TABLES = {
@@ -125,6 +126,7 @@ TABLES = {
         ("latency_s", pa.float32()),
         ("sum_logprob", pa.float64()),
         ("event_time", TS),
+        ("advantage", pa.float64()),
     ],
     "tool_calls": [
         ("run_id", pa.string()),

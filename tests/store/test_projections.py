@@ -30,7 +30,7 @@ EVENTS = [
           sampling_params={"temperature": 1.0}),
     event(2, "turn", trajectory_id="t", seq=1, turn_index=0, policy_version=3, input_token_ids=[1, 2, 3],
           output_token_ids=[4, 5], output_logprobs=[-0.5, -0.25], loss_mask=[True, False],
-          finish_reason="tool_calls", context_used_fraction=0.05, latency_s=0.5),
+          finish_reason="tool_calls", context_used_fraction=0.05, latency_s=0.5, advantage=0.25),
     event(3, "tool_call", trajectory_id="t", seq=2, call_id="c1", tool_name="python", arguments={"code": "1+1"},
           is_code_execution=True),
     event(4, "tool_result", trajectory_id="t", seq=3, call_id="c1", tool_name="python", ok=False,
@@ -50,8 +50,8 @@ F05 = 0.05000000074505806  # 0.05 as float32
 
 EXPECTED: dict[str, list[tuple]] = {
     "turns": [
-        ("r", "t", "e02", 1, 0, 3, 3, 2, 1, False, "tool_calls", F05, False, False, 0.5, -0.75, at(2)),
-        ("r", "t", "e06", 5, 1, 4, 2, 1, 1, True, None, None, True, True, None, -1.0, at(6)),
+        ("r", "t", "e02", 1, 0, 3, 3, 2, 1, False, "tool_calls", F05, False, False, 0.5, -0.75, at(2), 0.25),
+        ("r", "t", "e06", 5, 1, 4, 2, 1, 1, True, None, None, True, True, None, -1.0, at(6), None),
     ],
     "tool_calls": [
         ("r", "t", "c1", "python", '{"code":"1+1"}', True, True, False, "timeout", True, False, 2, 2, 1.5,
@@ -78,7 +78,7 @@ SCALAR_COLUMNS = (
     "latency_s", "call_id", "tool_name", "arguments", "is_code_execution", "ok", "error_type", "timed_out",
     "truncated", "output_tokens", "retries", "reward", "verifier_error", "status", "failure_origin",
     "failure_label", "message", "step", "checkpoint", "metrics", "trainer_version",
-    "consumed_trajectory_ids", "consumed_staleness",
+    "consumed_trajectory_ids", "consumed_staleness", "advantage",
 )  # fmt: skip
 
 
@@ -98,3 +98,7 @@ def test_projection_rows_of_known_events(projected: dict, name: str) -> None:
 def test_projections_read_these_event_columns() -> None:
     assert pj.SCALAR_COLUMNS == SCALAR_COLUMNS
     assert pj.EVENT_COLUMNS == SCALAR_COLUMNS + pj.TOKEN_COLUMNS
+
+
+def test_a_turns_advantage_reaches_the_turns_table_and_is_null_when_not_sent(projected: dict) -> None:
+    assert projected["turns"].column("advantage").to_pylist() == [0.25, None]
