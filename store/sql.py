@@ -95,13 +95,16 @@ def register_tables(
 
             fs, _ = lake.filesystem()
             paths = [f.split("://", 1)[1] for f in files]
-            dataset = ds.dataset(paths, filesystem=fs, format="parquet")
+            from trajlake.store.lake import SCHEMAS
+
+            # the full schema: files older than a column read it as null
+            dataset = ds.dataset(paths, filesystem=fs, format="parquet", schema=SCHEMAS[name])
             con.register(f"_d_{name}", dataset)
             if datasets is not None:
                 datasets[f"_d_{name}"] = dataset
             con.execute(f"create or replace view _t_{name} as select * from _d_{name}")
         elif files:
-            con.execute(f"create or replace view _t_{name} as select * from read_parquet({_sql_list(files)})")
+            con.execute(f"create or replace view _t_{name} as {_select_files(con, lake, name, files)}")
         else:
             from trajlake.store.lake import SCHEMAS
 
@@ -110,6 +113,28 @@ def register_tables(
             con.execute(f"drop table if exists _empty_{name}")
             con.from_arrow(SCHEMAS[name].empty_table()).create(f"_empty_{name}")
             con.execute(f"create or replace view _t_{name} as select * from _empty_{name}")
+
+
+def _select_files(con: duckdb.DuckDBPyConnection, lake: Lake, name: str, files: Sequence[str]) -> str:
+    """A query over local Parquet files of `name` with every column of its schema.
+
+    Columns the stored table lacks (a lake from before a field existed) read as null; once
+    a table has gained columns, its files are read by column name, older ones without them.
+    """
+    from trajlake.store.lake import SCHEMAS
+
+    schema = SCHEMAS[name]
+    stored = set(lake.stored_columns(name))
+    mixed = lake.may_mix_schemas(name)
+    source = f"read_parquet({_sql_list(files)}{', union_by_name = true' if mixed else ''})"
+    missing = [f for f in schema if f.name not in stored]
+    if not missing and not mixed:
+        return f"select * from {source}"
+    if missing:  # one row of typed nulls, joined on: a cast for every Arrow type, done by DuckDB
+        con.execute(f"drop table if exists _nulls_{name}")
+        con.from_arrow(pa.table({f.name: pa.nulls(1, f.type) for f in missing})).create(f"_nulls_{name}")
+        source += f", _nulls_{name}"
+    return "select " + ", ".join(f'"{c}"' for c in schema.names) + f" from {source}"
 
 
 def read_files(lake: Lake, name: str, columns: Sequence[str] | None, where: str | None) -> pa.Table:
