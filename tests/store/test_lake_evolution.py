@@ -9,7 +9,7 @@ import pytest
 
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.sink import DeltaSink, SinkConfig
-from trajlake.rollout.recorder import Recorder
+from trajlake.ingest.recorder import Recorder
 from trajlake.store import lake as lake_module
 from trajlake.store.compact import compact
 from trajlake.store.lake import Lake
