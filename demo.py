@@ -25,21 +25,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from trajlake.rollout.envs.config import EnvConfig
+from trajlake.schemas.settings import KafkaSwitch, LakeSettings, cli
 
 DEFAULT_STEPS = 40
 CHAT_BUDGET_FROM = EnvConfig().context_budget_tokens
 CHAT_CONTEXT_BUDGET = 112
 
 
-class DemoConfig(BaseModel):
-    """Settings of `trajlake demo`; the defaults finish in a few minutes on two CPU cores."""
+class DemoConfig(LakeSettings, KafkaSwitch):
+    """Settings of `trajlake demo` (env TRAJLAKE_DEMO_<FIELD>); the defaults finish in a few minutes on two CPU cores."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_DEMO_")
 
-    lake: str = Field("./trajlake-data", description="Lake root directory (or s3://…).")
     engine: Literal["tiny", "vllm"] = Field(
         "vllm",
         description="vllm: a Qwen2 chat model served by vLLM, trained in place; tiny: a GRU policy in each worker.",
@@ -64,8 +65,11 @@ class DemoConfig(BaseModel):
         ge=1,
         description="Rollout workers (episodes in flight); default 2 on tiny, 8 on vllm (it batches).",
     )
-    ray: bool = Field(True, description="Run episodes as local Ray tasks (else threads in this process).")
-    kafka: str | None = Field(None, description="HOST:PORT of a Kafka broker; None: the in-process bus.")
+    ray: bool = Field(
+        True,
+        description="Run episodes as local Ray tasks (--no-ray: threads in this process).",
+        json_schema_extra=cli("--no-ray"),
+    )
     topic: str | None = Field(None, description="Kafka topic; default trajlake-demo-<run id>.")
     max_staleness: int = Field(
         2, ge=0, description="Trainer version − policy_version_min allowed in a batch."
