@@ -188,7 +188,7 @@ class SettingsParser(argparse.ArgumentParser):
             try:
                 reg.resolve(ns)
             except ValidationError as err:
-                problems.append(settings_error(err, reg.where()))
+                problems.append(settings_error(err, reg.where(), reg.names()))
             except SettingsError as err:
                 problems.append(str(err))
         if problems:
@@ -209,6 +209,9 @@ class _Registration:
             fix = f"{option_name(self.model, name)} or {env}" if name in self.fields else env
             out[name] = out[env] = fix
         return out
+
+    def names(self) -> dict[str, str]:
+        return {env_name(self.model, name): name for name in self.model.model_fields}
 
     def resolve(self, ns: argparse.Namespace) -> None:
         given = {f: getattr(ns, f) for f in self.fields if hasattr(ns, f)}
@@ -289,9 +292,12 @@ def _option_type(annotation: Any) -> tuple[Any, list[str] | None]:
     return str, None  # str, Path, and lists given as comma-separated text
 
 
-def settings_error(err: Any, where: Mapping[str, str] | None = None) -> str:
+def settings_error(
+    err: Any, where: Mapping[str, str] | None = None, names: Mapping[str, str] | None = None
+) -> str:
     """A pydantic `ValidationError` as one line: each bad setting, what is wrong, what it got, and
-    (from `where`: field or env var -> the options that set it) where to change it."""
+    (from `where`: field or env var -> the options that set it) where to change it; `names` maps
+    an env var alias back to its field."""
     parts = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"])
@@ -300,7 +306,7 @@ def settings_error(err: Any, where: Mapping[str, str] | None = None) -> str:
             parts.append(msg)
             continue
         fix = f"; set {where[loc]}" if where and loc in where else ""
-        name = loc.removeprefix("TRAJLAKE_").lower() if loc.startswith("TRAJLAKE_") else loc
+        name = (names or {}).get(loc) or loc
         if e["type"] == "missing":
             parts.append(f"{name}: required{fix}")
         else:
