@@ -32,3 +32,13 @@ class CompactSettings(Settings):
         description="delete unreferenced files after merging (--no-vacuum: only merge small files)",
         json_schema_extra=cli("--no-vacuum"),
     )
+
+
+class CatalogSettings(Settings):
+    """Where the catalog (runs, leases, policy versions) lives."""
+
+    catalog_url: str | None = Field(
+        None,
+        description="catalog URL, e.g. postgresql+psycopg://…; unset: SQLite in the lake",
+        json_schema_extra=cli("--catalog"),
+    )

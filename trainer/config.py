@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from trajlake.schemas.settings import LakeSettings, RunSettings, Settings, cli
+from trajlake.store.config import CatalogSettings
 
 AGGREGATION_MODES = ("token_mean", "sequence_mean", "prompt_mean")
 POLICY_LOSSES = ("ppo", "dppo", "dppo_kl", "glm5", "tis")
@@ -187,14 +188,9 @@ class OverfitSettings(Settings):
     min_samples: int = Field(2, ge=1, description="samples a task needs")
 
 
-class TrainSettings(LakeSettings, RunSettings):
-    """`trajlake train`: where the run's data is, and how long to wait for it."""
+class TrainSettings(LakeSettings, RunSettings, CatalogSettings):
+    """`trajlake train`: where the run's data and catalog are, and how long to wait for data."""
 
-    catalog_url: str | None = Field(
-        None,
-        description="catalog URL, e.g. postgresql+psycopg://…; unset: SQLite in the lake",
-        json_schema_extra=cli("--catalog"),
-    )
     wait_s: float = Field(
         0.0, ge=0, description="seconds to wait for a batch before stopping", json_schema_extra=cli("--wait")
     )
