@@ -24,6 +24,7 @@ from trajlake.dashboards.browse import (
     trajectory_tool_calls,
     trajectory_turns,
 )
+from trajlake.dashboards.config import DEFAULT_SUCCESS_THRESHOLD
 from trajlake.dashboards.passk import MAX_K, mean_pass_at_k, pass_at_k
 from trajlake.dashboards.query import (
     EVENTS,
@@ -56,8 +57,6 @@ __all__ = [
 
 MISMATCH_THRESHOLD = 0.03
 """Healthy train/inference logprob mismatch: mean absolute difference below this."""
-
-DEFAULT_SUCCESS_THRESHOLD = 1.0
 
 
 # -- selectors --------------------------------------------------------------------------------

@@ -21,9 +21,12 @@ import time
 import uuid
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
 
 from trajlake.schemas.errors import TrajlakeError
+from trajlake.schemas.settings import Settings
+from trajlake.schemas.settings import cache_dir as cache_root
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +61,10 @@ class BrokerError(TrajlakeError, RuntimeError):
     """The local broker could not be fetched, started or stopped; the message says why and what to do."""
 
 
-class BrokerConfig(BaseModel):
+class BrokerConfig(Settings):
     """Settings of the local development broker."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_KAFKA_")
 
     port: int = Field(9092, ge=1, le=65535, description="client (PLAINTEXT) port on 127.0.0.1")
     controller_port: int | None = Field(
@@ -69,7 +72,12 @@ class BrokerConfig(BaseModel):
     )
     data_dir: Path = Field(Path("./trajlake-kafka"), description="KRaft storage, config, logs and pid file")
     version: str = Field(KAFKA_VERSION, description="Apache Kafka version fetched from Maven Central")
-    partitions: int = Field(4, ge=1, description="default partitions of auto-created topics")
+    partitions: int = Field(
+        4,
+        ge=1,
+        validation_alias="TRAJLAKE_KAFKA_BROKER_PARTITIONS",
+        description="default partitions of auto-created topics",
+    )
     heap: str = Field("512m", description="JVM max heap (-Xmx)")
     log_level: str = Field("WARN", description="broker log4j root level")
     start_timeout_s: float = Field(120.0, gt=0, description="how long to wait for the broker to answer")
@@ -83,7 +91,7 @@ class BrokerConfig(BaseModel):
 
 def cache_dir(version: str = KAFKA_VERSION) -> Path:
     """Where the broker's jars are cached (env TRAJLAKE_CACHE_DIR overrides ~/.cache/trajlake)."""
-    root = Path(os.environ.get("TRAJLAKE_CACHE_DIR", Path.home() / ".cache" / "trajlake"))
+    root = cache_root()
     return root / "kafka" / version
 
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
 
 from trajlake.ingest import codec
 from trajlake.ingest.bus.base import Bus, Message, SourcePosition
 from trajlake.ingest.chunking import ChunkAssembler
+from trajlake.ingest.config import SinkConfig
 from trajlake.ingest.dead_letters import dead_letter, dead_letters_table, raw_event, raw_json
 from trajlake.ingest.seqs import SeqCache
 from trajlake.schemas.events import EVENTS_SCHEMA
@@ -33,40 +33,7 @@ from trajlake.store.lake import Lake, combine_in_parts
 
 log = logging.getLogger(__name__)
 
-
-class SinkConfig(BaseModel):
-    """When the sink flushes, and what it does on each flush."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_rows: int = Field(50_000, ge=1, description="Flush once this many events are buffered.")
-    max_bytes: int = Field(128 << 20, ge=1 << 10, description="Flush once buffered messages reach this size.")
-    max_latency_s: float = Field(1.0, gt=0, description="Flush buffered events at least this often.")
-    poll_max_messages: int = Field(500, ge=1, description="Messages taken per poll.")
-    poll_timeout_s: float = Field(0.2, gt=0, description="How long one poll waits for a first message.")
-    flush_when_idle: bool = Field(
-        True, description="Flush as soon as a poll returns nothing new or the bus has handed over all it has."
-    )
-    min_flush_bytes: int = Field(
-        4 << 20,
-        ge=0,
-        description="Flush this much whenever no commit is running; less waits for idleness or max_latency_s.",
-    )
-    min_commit_interval_s: float = Field(
-        0.2,
-        ge=0,
-        description="Least time from one flush to an idle flush of a small batch (bounds commits of a trickle).",
-    )
-    exactly_once: bool = Field(True, description="Store offsets in the Delta log and resume from them.")
-    update_projections: bool = Field(True, description="Advance projections after every events commit.")
-    seq_cache_trajectories: int = Field(
-        200_000, ge=0, description="Trajectories whose seqs are kept to detect duplicates."
-    )
-    chunk_max_gap: int = Field(
-        5000,
-        ge=1,
-        description="Messages a partition may carry past an incomplete chunk set before it is dead-lettered.",
-    )
+__all__ = ["DeltaSink", "SinkConfig"]
 
 
 @dataclass

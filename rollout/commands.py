@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 
-from trajlake.cli import CliError, add_lake_option, add_run_option, env_default
+from trajlake.cli import CliError
+from trajlake.rollout.config import DoctorSettings, ImportSettings
+from trajlake.schemas.settings import LakeSettings, RunSettings, add_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,32 +31,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d = subparsers.add_parser(
         "doctor", help="dry-run health report: system vs model failures, tools, nudges, drift"
     )
-    add_lake_option(d)
-    add_run_option(d, help="run id to check (env TRAJLAKE_RUN)")
-    d.add_argument(
-        "--max-system-error-rate",
-        type=float,
-        default=float(env_default("MAX_SYSTEM_ERROR_RATE", "0.05") or 0.05),
-        help="exit 1 when the share of system failures is above this (env TRAJLAKE_MAX_SYSTEM_ERROR_RATE; "
-        "default %(default)s)",
-    )
-    d.add_argument(
-        "--format",
-        choices=("text", "json"),
-        default=env_default("DOCTOR_FORMAT", "text"),
-        help="output format (env TRAJLAKE_DOCTOR_FORMAT; default %(default)s)",
-    )
+    add_settings(d, LakeSettings)
+    add_settings(d, RunSettings, help={"run_id": "run id to check"})
+    add_settings(d, DoctorSettings)
     d.set_defaults(handler=run_doctor)
 
 
 def _common_import_options(p: argparse.ArgumentParser) -> None:
-    add_lake_option(p)
-    p.add_argument(
-        "--run-id",
-        default=env_default("RUN_ID"),
-        required=env_default("RUN_ID") is None,
-        help="run id the trajectories are stored under (env TRAJLAKE_RUN_ID)",
-    )
+    add_settings(p, LakeSettings)
+    add_settings(p, ImportSettings)
     p.add_argument("--json", action="store_true", help="print the import report as JSON")
 
 
@@ -109,12 +94,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     from trajlake.rollout.doctor import diagnose, render, render_json
     from trajlake.store.lake import Lake
 
-    if not 0 <= args.max_system_error_rate <= 1:
-        raise CliError(
-            f"--max-system-error-rate must be in [0, 1] (got {args.max_system_error_rate}); "
-            "set TRAJLAKE_MAX_SYSTEM_ERROR_RATE"
-        )
-    report = diagnose(Lake(args.lake), args.run, args.max_system_error_rate)
+    report = diagnose(Lake(args.lake), args.run_id, args.max_system_error_rate)
     print(render_json(report) if args.format == "json" else render(report))
     if not report.totals.get("trajectories"):
         return 2

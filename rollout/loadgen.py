@@ -17,50 +17,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trajlake.ingest import codec
 from trajlake.ingest.bus.base import Bus, Message
+from trajlake.rollout.config import LoadgenConfig
 from trajlake.schemas import events as ev
 
 TOOLS = (("python", True), ("bash", True), ("search", False), ("calculator", False), ("file_edit", False))
 ENVIRONMENTS = ("swe", "math", "web")
 SYSTEM_LABELS = ("infra", "env_dependency", "verifier_error", "harness_behavior", "tool_design")
-
-
-class LoadgenConfig(BaseModel):
-    """Shape of the synthetic workload."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    trajectories: int = Field(100, ge=1, description="Number of trajectories.")
-    run_id: str = Field("loadgen", min_length=1, description="Run id of every event.")
-    turns: int = Field(6, ge=1, description="Mean turns per trajectory.")
-    max_turns: int = Field(32, ge=1, description="Turn limit (status max_turns when reached).")
-    prompt_tokens: int = Field(512, ge=1, description="Mean prompt tokens.")
-    output_tokens: int = Field(256, ge=1, description="Mean output tokens per turn.")
-    env_tokens: int = Field(128, ge=0, description="Mean tool-output tokens appended per turn.")
-    tool_call_rate: float = Field(
-        0.8, ge=0, le=1, description="Probability that a non-final turn calls a tool."
-    )
-    tool_error_rate: float = Field(0.1, ge=0, le=1, description="Probability that a tool call fails.")
-    tool_timeout_rate: float = Field(0.02, ge=0, le=1, description="Probability that a tool call times out.")
-    truncation_rate: float = Field(0.05, ge=0, le=1, description="Probability that tool output is truncated.")
-    system_failure_rate: float = Field(0.05, ge=0, le=1, description="Probability of a system failure.")
-    policy_versions: int = Field(8, ge=1, description="Policy versions spread over the run.")
-    group_size: int = Field(8, ge=1, description="Samples per prompt group (GRPO n).")
-    vocab_size: int = Field(151_936, ge=16, description="Vocabulary size (ids drawn below it).")
-    context_budget_tokens: int = Field(32_768, ge=64, description="Context budget per trajectory.")
-    zipf_a: float = Field(1.1, gt=1.0, description="Zipf exponent of token frequencies.")
-    seed: int = Field(0, description="Random seed; the same seed gives the same tokens and outcomes.")
-
-    @model_validator(mode="after")
-    def _turns_within_limit(self) -> LoadgenConfig:
-        if self.turns > self.max_turns:
-            raise ValueError(
-                f"turns ({self.turns}) must be <= max_turns ({self.max_turns}); raise --max-turns"
-            )
-        return self
 
 
 @dataclass

@@ -7,81 +7,37 @@ import json
 import sys
 from typing import Any
 
-from trajlake.cli import CliError, add_kafka_option, add_lake_option, env_default, settings_error
+from trajlake.cli import CliError
+from trajlake.ingest.config import KafkaConfig
+from trajlake.rollout.config import LoadgenConfig
+from trajlake.schemas.settings import FormatSettings, KafkaSwitch, LakeSettings, add_settings
+from trajlake.store.config import CompactSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the lake's commands."""
     p = subparsers.add_parser("sql", help="read-only SQL over every table of the lake")
-    add_lake_option(p)
-    p.add_argument(
-        "--format",
-        choices=("table", "csv", "json"),
-        default=env_default("FORMAT", "table"),
-        help="output format (env TRAJLAKE_FORMAT; default %(default)s)",
-    )
+    add_settings(p, LakeSettings)
+    add_settings(p, FormatSettings)
     p.add_argument(
         "query", help='one SELECT statement, e.g. "select status, count(*) from trajectories group by 1"'
     )
     p.set_defaults(handler=run_sql)
 
     p = subparsers.add_parser("rebuild", help="recreate the projections from `events`")
-    add_lake_option(p)
+    add_settings(p, LakeSettings)
     p.set_defaults(handler=run_rebuild)
 
     p = subparsers.add_parser("compact", help="optimize + vacuum every table, with a retention guard")
-    add_lake_option(p)
-    p.add_argument(
-        "--retention-hours",
-        type=int,
-        default=int(env_default("RETENTION_HOURS", "168") or 168),
-        help="keep unreferenced files younger than this (env TRAJLAKE_RETENTION_HOURS; default %(default)s)",
-    )
-    p.add_argument(
-        "--allow-short-retention",
-        action="store_true",
-        default=env_default("ALLOW_SHORT_RETENTION", "") == "1",
-        help="allow a retention below the 168h guard (env TRAJLAKE_ALLOW_SHORT_RETENTION=1)",
-    )
-    p.add_argument("--no-vacuum", action="store_true", help="only merge small files")
+    add_settings(p, LakeSettings)
+    add_settings(p, CompactSettings)
     p.set_defaults(handler=run_compact)
 
     p = subparsers.add_parser("loadgen", help="synthetic agent-RL workload through the bus")
-    add_lake_option(p)
-    p.add_argument("--run-id", default=env_default("RUN_ID", "loadgen"), help="run id (env TRAJLAKE_RUN_ID)")
-    p.add_argument(
-        "--trajectories",
-        type=int,
-        default=env_default("TRAJECTORIES"),
-        required=env_default("TRAJECTORIES") is None,
-        help="number of trajectories (env TRAJLAKE_TRAJECTORIES)",
-    )
-    for name, kind, default, text in (
-        ("turns", int, 6, "mean turns per trajectory"),
-        ("max-turns", int, 32, "turn limit"),
-        ("prompt-tokens", int, 512, "mean prompt tokens"),
-        ("output-tokens", int, 256, "mean output tokens per turn"),
-        ("env-tokens", int, 128, "mean tool-output tokens per turn"),
-        ("tool-error-rate", float, 0.1, "probability a tool call fails"),
-        ("tool-timeout-rate", float, 0.02, "probability a tool call times out"),
-        ("system-failure-rate", float, 0.05, "probability of a system failure"),
-        ("policy-versions", int, 8, "policy versions over the run"),
-        ("group-size", int, 8, "samples per prompt group"),
-        ("vocab-size", int, 151_936, "vocabulary size"),
-        ("context-budget-tokens", int, 32_768, "context budget"),
-        ("seed", int, 0, "random seed"),
-    ):
-        env = name.upper().replace("-", "_")
-        p.add_argument(
-            f"--{name}",
-            type=kind,
-            default=kind(env_default(env, str(default))),
-            help=f"{text} (env TRAJLAKE_{env}; default %(default)s)",
-        )
-    add_kafka_option(p, "produce to Apache Kafka instead of the in-process bus (env TRAJLAKE_KAFKA)")
-    p.add_argument(
-        "--topic", default=env_default("TOPIC", "trajlake-events"), help="Kafka topic (env TRAJLAKE_TOPIC)"
-    )
+    add_settings(p, LakeSettings)
+    add_settings(p, LoadgenConfig, required=["trajectories"])
+    add_settings(p, KafkaSwitch, help={"kafka": "produce to Apache Kafka instead of the in-process bus"})
+    add_settings(p, KafkaConfig, ["topic"])
     p.add_argument("--json", action="store_true", help="print the counts produced as JSON")
     p.set_defaults(handler=run_loadgen)
 
@@ -175,9 +131,7 @@ def run_compact(args: argparse.Namespace) -> int:
         report = None
         with Progress(len(TABLES), "compact", unit="tables") as progress:
             for name in TABLES:
-                part = compact(
-                    lake, [name], args.retention_hours, args.allow_short_retention, not args.no_vacuum
-                )
+                part = compact(lake, [name], args.retention_hours, args.allow_short_retention, args.vacuum)
                 report = part if report is None else _merge_reports(report, part)
                 progress.update()
     except LakeError as err:
@@ -201,23 +155,10 @@ def _merge_reports(a: Any, b: Any) -> Any:
 def run_loadgen(args: argparse.Namespace) -> int:
     import threading
 
-    from pydantic import ValidationError
-
     from trajlake.progress import Progress
-    from trajlake.rollout.loadgen import LoadgenConfig, generate
+    from trajlake.rollout.loadgen import generate
 
-    try:
-        config = LoadgenConfig(
-            trajectories=args.trajectories, run_id=args.run_id, turns=args.turns, max_turns=args.max_turns,
-            prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, env_tokens=args.env_tokens,
-            tool_error_rate=args.tool_error_rate, tool_timeout_rate=args.tool_timeout_rate,
-            system_failure_rate=args.system_failure_rate, policy_versions=args.policy_versions,
-            group_size=args.group_size, vocab_size=args.vocab_size,
-            context_budget_tokens=args.context_budget_tokens, seed=args.seed,
-        )  # fmt: skip
-    except ValidationError as err:
-        options = {f: f"--{f.replace('_', '-')} or TRAJLAKE_{f.upper()}" for f in LoadgenConfig.model_fields}
-        raise CliError(settings_error(err, options)) from None
+    config = args.LoadgenConfig
     sink_thread = None
     stop = threading.Event()
     if args.kafka:

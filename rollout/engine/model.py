@@ -22,9 +22,11 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from trajlake.schemas.errors import TrajlakeError
+from trajlake.schemas.settings import Settings, cli
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -79,18 +81,40 @@ CHAT_TEMPLATE = (
 ).replace("%}\n", "%}{{ '\\n' }}")  # transformers renders with trim_blocks, which eats a newline after a tag
 
 
-class ModelInitConfig(BaseModel):
-    """Shape of the tiny model and its tokenizer."""
+class ModelInitConfig(Settings):
+    """Shape of the tiny model and its tokenizer (env TRAJLAKE_MODEL_<FIELD>)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_MODEL_")
 
     vocab_size: int = Field(
         512, ge=300, le=65536, description="Tokenizer vocabulary (256 bytes + merges + added tokens)."
     )
-    hidden_size: int = Field(128, ge=32, description="Model width.")
-    num_layers: int = Field(2, ge=1, le=64, description="Transformer layers.")
-    num_heads: int = Field(4, ge=1, description="Attention heads; hidden_size / num_heads >= 32 (vLLM CPU).")
-    num_kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+    hidden_size: int = Field(
+        128,
+        ge=32,
+        validation_alias="TRAJLAKE_MODEL_WIDTH",
+        description="Model width.",
+        json_schema_extra=cli("--width"),
+    )
+    num_layers: int = Field(
+        2,
+        ge=1,
+        le=64,
+        validation_alias="TRAJLAKE_MODEL_LAYERS",
+        description="Transformer layers.",
+        json_schema_extra=cli("--layers"),
+    )
+    num_heads: int = Field(
+        4,
+        ge=1,
+        validation_alias="TRAJLAKE_MODEL_HEADS",
+        description="Attention heads; width / heads >= 32 (vLLM CPU).",
+        json_schema_extra=cli("--heads"),
+    )
+    num_kv_heads: int = Field(
+        2, ge=1, validation_alias="TRAJLAKE_MODEL_KV_HEADS", description="Key/value heads (grouped-query attention).",
+        json_schema_extra=cli("--kv-heads"),
+    )  # fmt: skip
     intermediate_size: int | None = Field(None, ge=1, description="MLP width; default 3 x hidden_size.")
     max_position_embeddings: int = Field(4096, ge=128, description="Longest context.")
     seed: int = Field(0, description="Seed of the random weights.")

@@ -80,4 +80,4 @@ def test_dashboard_port_and_host_read_their_env_vars(monkeypatch):
     monkeypatch.setenv("TRAJLAKE_PORT", "9123")
     monkeypatch.setenv("TRAJLAKE_HOST", "0.0.0.0")
     args = build_parser().parse_args(["dashboard"])
-    assert (args.host, args.port) == ("0.0.0.0", 9123)
+    assert (args.host, args.port) == ("0.0.0.0", 9123)  # resolved from the env when the command parses

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from trajlake.ingest.bus.inprocess import InProcessBus
-from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.ingest.recorder import Recorder
+from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.store import lake as lake_module
 from trajlake.store.compact import compact
 from trajlake.store.lake import Lake
