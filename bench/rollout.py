@@ -130,8 +130,8 @@ def main() -> int:
         if args.url:
             url, model_dir, name = args.url, Path(args.model_dir), args.served_name
         else:
+            from trajlake.demo.model import init_model
             from trajlake.ingest.broker import free_port
-            from trajlake.rollout.engine.model import init_model
             from trajlake.rollout.engine.server import VllmServerConfig, start_server
 
             model_dir, name = work / "model", "tiny"

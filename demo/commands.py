@@ -1,17 +1,21 @@
-"""`trajlake demo`: argument parsing only (options from `DemoConfig`); the run itself lives in `trajlake.demo.recipe`."""
+"""`trajlake demo` and `trajlake model init` (the demo's tiny model): argument parsing only, options from
+`DemoConfig` and `ModelInitConfig`; the run itself lives in `trajlake.demo.recipe`."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 
 from pydantic import Field
 
 from trajlake.demo.config import DemoConfig
+from trajlake.demo.model import ModelInitConfig
 from trajlake.schemas.settings import Settings, add_settings, cli
 
 OPTIONS = ["lake", "engine", "model_dir", "vllm_url", "steps", "kafka", "topic", "ray", "workers", "seed", "run_id",
            "overfit_tasks", "fault_rate"]  # fmt: skip
+MODEL_OPTIONS = ["vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "seed"]
 
 
 class DemoOutput(Settings):
@@ -26,7 +30,7 @@ class DemoOutput(Settings):
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `trajlake demo`."""
+    """Add `trajlake demo` and `trajlake model init`."""
     p = subparsers.add_parser(
         "demo",
         help="a small async agent-RL run, end to end, that visibly learns",
@@ -36,6 +40,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings(p, DemoConfig, OPTIONS)
     add_settings(p, DemoOutput)
     p.set_defaults(handler=handle)
+
+    model = subparsers.add_parser("model", help="a tiny Hugging Face chat model built locally (no network)")
+    model_actions = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    init = model_actions.add_parser(
+        "init", help="write a random-init Qwen2 model, a locally trained BPE tokenizer and a chat template"
+    )
+    init.add_argument("dir", metavar="DIR", help="new (or empty) directory")
+    add_settings(init, ModelInitConfig, MODEL_OPTIONS)
+    init.add_argument("--json", action="store_true", help="print the summary as JSON")
+    init.set_defaults(handler=run_model_init)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -54,3 +68,18 @@ def handle(args: argparse.Namespace) -> int:
         with open(args.json_path, "w") as fh:
             fh.write(summary_json(summary))
     return 0 if summary["learned"] else 1
+
+
+def run_model_init(args: argparse.Namespace) -> int:
+    from trajlake.demo.model import init_model
+
+    summary = init_model(args.dir, args.ModelInitConfig)  # a ModelInitError names its fix: the CLI prints it
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"wrote a {summary['architecture']} ({summary['parameters']:,} parameters, vocabulary "
+            f"{summary['vocab_size']}) to {summary['model_dir']}; serve it with "
+            f"`trajlake vllm up --model {args.dir}`"
+        )
+    return 0

@@ -235,8 +235,8 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
 def start_vllm(ctx: DemoContext) -> None:
     """Build the model directory if missing, start (or reach) the vLLM server, label its weights 0."""
     from trajlake.demo.envs.engines import VllmEngine
+    from trajlake.demo.model import init_model
     from trajlake.ingest.broker import free_port
-    from trajlake.rollout.engine.model import init_model
     from trajlake.rollout.engine.server import VllmServerConfig, start_server
 
     cfg = ctx.config

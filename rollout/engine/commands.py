@@ -1,4 +1,4 @@
-"""CLI commands of the inference engine: `model init`, `vllm up|down|status`."""
+"""CLI commands of the inference engine: `vllm up|down|status`."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ import sys
 from pathlib import Path
 
 from trajlake.cli import CliError
-from trajlake.rollout.engine.model import ModelInitConfig
 from trajlake.rollout.engine.server import VllmServerConfig, VllmStateSettings, VllmStopSettings
 from trajlake.schemas.settings import add_settings
 
-MODEL_OPTIONS = ["vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "seed"]
 SERVER_OPTIONS = [
     "model",
     "served_model_name",
@@ -27,17 +25,7 @@ SERVER_OPTIONS = [
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `model init` and `vllm up|down|status`."""
-    model = subparsers.add_parser("model", help="a tiny Hugging Face chat model built locally (no network)")
-    model_actions = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-    init = model_actions.add_parser(
-        "init", help="write a random-init Qwen2 model, a locally trained BPE tokenizer and a chat template"
-    )
-    init.add_argument("dir", metavar="DIR", help="new (or empty) directory")
-    add_settings(init, ModelInitConfig, MODEL_OPTIONS)
-    init.add_argument("--json", action="store_true", help="print the summary as JSON")
-    init.set_defaults(handler=run_model_init)
-
+    """Add `vllm up|down|status`."""
     vllm = subparsers.add_parser("vllm", help="a local vLLM OpenAI-compatible server (its own cached venv)")
     actions = vllm.add_subparsers(dest="vllm_command", metavar="ACTION", required=True)
     up = actions.add_parser("up", help="install vLLM once (cached), start the server, wait until it answers")
@@ -52,25 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings(status, VllmStateSettings)
     status.add_argument("--json", action="store_true", help="print the records as JSON")
     status.set_defaults(handler=run_vllm_status)
-
-
-def run_model_init(args: argparse.Namespace) -> int:
-    from trajlake.rollout.engine.model import ModelInitError, init_model
-
-    config = args.ModelInitConfig
-    try:
-        summary = init_model(args.dir, config)
-    except ModelInitError as err:
-        raise CliError(str(err)) from None
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(
-            f"wrote a {summary['architecture']} ({summary['parameters']:,} parameters, vocabulary "
-            f"{summary['vocab_size']}) to {summary['model_dir']}; serve it with "
-            f"`trajlake vllm up --model {args.dir}`"
-        )
-    return 0
 
 
 def run_vllm_up(args: argparse.Namespace) -> int:
