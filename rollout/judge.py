@@ -80,7 +80,12 @@ class Judge:
 
     def ask(self, messages: Sequence[dict[str, str]], *, max_tokens: int = 16) -> tuple[str, int, int, int]:
         """Send a chat request; return (text, key index, attempts, rate-limited responses)."""
-        body = {"model": self.config.model, "messages": list(messages), "max_tokens": max_tokens, "temperature": 0}
+        body = {
+            "model": self.config.model,
+            "messages": list(messages),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
         limited = 0
         # No wait between attempts here: each key cools down on its own schedule (`_cool`),
         # and an attempt waits only when every key is cooling (`_pick_key`).
@@ -118,7 +123,9 @@ class Judge:
             return response.json()["choices"][0]["message"]["content"], key
         last = f"HTTP {response.status_code}: {response.text[:200]}"
         if response.status_code not in RETRYABLE_STATUS:
-            raise JudgeError(f"judge request refused ({last}); check the judge model and keys", attempts=attempt)
+            raise JudgeError(
+                f"judge request refused ({last}); check the judge model and keys", attempts=attempt
+            )
         self._cool(key, retry_after_s(response.headers.get("retry-after")))
         raise _Busy(last, rate_limited=response.status_code == 429)
 

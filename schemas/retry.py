@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,6 +32,7 @@ __all__ = [
     "retry_after_s",
     "retrying",
     "retrying_async",
+    "wait_until",
 ]
 
 
@@ -92,7 +94,19 @@ class _WaitBackoff(tenacity.wait.wait_base):
         return backoff_delay(retry_state.attempt_number, self.policy)
 
 
+class _WaitAfter(tenacity.wait.wait_base):
+    """Seconds from a function of the failed attempt's number (1 = the first attempt)."""
+
+    def __init__(self, delay: Callable[[int], float]) -> None:
+        self.delay = delay
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        return self.delay(retry_state.attempt_number)
+
+
 Predicate = Callable[[BaseException], bool]
+Wait = float | Callable[[int], float]
+"""Fixed seconds between attempts, or seconds after failed attempt number n."""
 
 
 def _kwargs(
@@ -101,7 +115,7 @@ def _kwargs(
     retry_on_result: Callable[[Any], bool] | None,
     attempts: int | None,
     deadline_s: float | None,
-    wait: tenacity.wait.wait_base | float | None,
+    wait: Wait | None,
 ) -> dict[str, Any]:
     stops: list[tenacity.stop.stop_base] = []
     max_attempts = attempts if attempts is not None else policy.max_attempts if policy else None
@@ -109,19 +123,22 @@ def _kwargs(
         stops.append(tenacity.stop_after_attempt(max_attempts))
     if deadline_s is not None:
         stops.append(tenacity.stop_after_delay(deadline_s))
-    if isinstance(retry_on, type) or isinstance(retry_on, tuple):
-        condition: tenacity.retry.retry_base = tenacity.retry_if_exception_type(retry_on)
+    if isinstance(retry_on, type | tuple):
+        condition: Any = tenacity.retry_if_exception_type(retry_on)
     else:
         condition = tenacity.retry_if_exception(retry_on)
     if retry_on_result is not None:
         condition = condition | tenacity.retry_if_result(retry_on_result)
+    strategy: tenacity.wait.wait_base
     if wait is None:
-        wait = _WaitBackoff(policy) if policy is not None else tenacity.wait_none()
-    elif not isinstance(wait, tenacity.wait.wait_base):
-        wait = tenacity.wait_fixed(wait)
+        strategy = _WaitBackoff(policy) if policy is not None else tenacity.wait_none()
+    elif isinstance(wait, int | float):
+        strategy = tenacity.wait_fixed(wait)
+    else:
+        strategy = _WaitAfter(wait)
     return {
         "stop": tenacity.stop_any(*stops) if stops else tenacity.stop_never,
-        "wait": wait,
+        "wait": strategy,
         "retry": condition,
         "reraise": True,
     }
@@ -134,7 +151,7 @@ def retrying(
     retry_on_result: Callable[[Any], bool] | None = None,
     attempts: int | None = None,
     deadline_s: float | None = None,
-    wait: tenacity.wait.wait_base | float | None = None,
+    wait: Wait | None = None,
     cancel: threading.Event | None = None,
     cancelled: Callable[[], BaseException] | None = None,
 ) -> tenacity.Retrying:
@@ -146,7 +163,7 @@ def retrying(
         retry_on_result: retry while this is true of the attempt's return value.
         attempts: attempts in all, overriding `policy.max_attempts`.
         deadline_s: stop retrying once this many seconds have passed since the first attempt.
-        wait: fixed seconds, or a tenacity wait strategy, instead of the policy's backoff.
+        wait: fixed seconds, or seconds after failed attempt n, instead of the policy's backoff.
         cancel: an event that cuts a wait short; the loop then raises `cancelled()`.
         cancelled: the error raised on cancel (default `InterruptedError`).
     """
@@ -169,7 +186,34 @@ def retrying_async(
     retry_on_result: Callable[[Any], bool] | None = None,
     attempts: int | None = None,
     deadline_s: float | None = None,
-    wait: tenacity.wait.wait_base | float | None = None,
+    wait: Wait | None = None,
 ) -> tenacity.AsyncRetrying:
     """`retrying` for coroutines (`async for attempt in ...`); cancelling the task cancels the wait."""
     return tenacity.AsyncRetrying(**_kwargs(policy, retry_on, retry_on_result, attempts, deadline_s, wait))
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    *,
+    timeout_s: float,
+    interval_s: float,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+) -> bool:
+    """Call `ready` every `interval_s` until it returns True (then True) or `timeout_s` passes (False).
+
+    `ready` runs at least once; errors of the `retry_on` types count as "not yet", any
+    other propagates. The last wait is cut to the time left.
+    """
+    deadline = time.monotonic() + timeout_s
+    loop = retrying(
+        retry_on=retry_on,
+        retry_on_result=lambda done: not done,
+        deadline_s=timeout_s,
+        wait=lambda _: min(interval_s, max(0.0, deadline - time.monotonic())),
+    )
+    try:
+        return bool(loop(ready))
+    except RetryError:
+        return False
+    except retry_on:
+        return False

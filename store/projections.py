@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trajlake.schemas.events import EVENTS_SCHEMA as SCHEMAS_EVENTS
+from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
 from trajlake.store.errors import CommitConflict, TxnFenced
 from trajlake.store.sql import sql_in_list
@@ -266,15 +267,16 @@ def catch_up(lake: Lake, known: Mapping[str, pa.Table] | None = None) -> int:
     upto = lake.version("events")
     if upto < 0:
         return upto
-    for _ in range(100):
-        try:
-            _catch_up_once(lake, upto, known or {})
-            return upto
-        except TxnFenced:
-            continue  # another sink advanced a projection meanwhile: start from its position
-    raise CommitConflict(
-        "projections kept losing races with other writers", table_uri=lake.uri("trajectories")
-    )
+    # TxnFenced: another sink advanced a projection meanwhile; start again from its position
+    try:
+        for attempt in retrying(retry_on=TxnFenced, attempts=100):
+            with attempt:
+                _catch_up_once(lake, upto, known or {})
+    except TxnFenced:
+        raise CommitConflict(
+            "projections kept losing races with other writers", table_uri=lake.uri("trajectories")
+        ) from None
+    return upto
 
 
 def _catch_up_once(lake: Lake, upto: int, known: Mapping[str, pa.Table]) -> None:
