@@ -183,13 +183,19 @@ def make_buses(config: DemoConfig) -> tuple[Any, Any]:
 
 
 def wait_for_rows(
-    ctx_lake: Any, sink: SinkThread, query: str, n: int, what: str, timeout_s: float = 120.0
+    ctx_lake: Any,
+    sink: SinkThread,
+    query: str,
+    n: int,
+    what: str,
+    timeout_s: float = 120.0,
+    params: dict[str, Any] | None = None,
 ) -> int:
-    """Block until `query` (a `select count(*)`) returns at least `n`; return the count."""
+    """Block until `query` (a `select count(*)`, with DuckDB `params`) returns at least `n`; return the count."""
     deadline = time.monotonic() + timeout_s
     while True:
         sink.check()
-        got = int(ctx_lake.sql(query).column(0)[0].as_py() or 0)
+        got = int(ctx_lake.sql(query, params).column(0)[0].as_py() or 0)
         if got >= n:
             return got
         if time.monotonic() > deadline:
@@ -201,8 +207,8 @@ def wait_for_rows(
 
 def wait_for_trajectories(lake: Any, sink: SinkThread, run_id: str, n: int) -> int:
     """Block until the lake holds `n` finished trajectories of `run_id`."""
-    query = f"select count(*) from _t_trajectories where run_id = '{run_id}' and finished"
-    return wait_for_rows(lake, sink, query, n, f"trajectories of {run_id}")
+    query = "select count(*) from _t_trajectories where run_id = $run and finished"
+    return wait_for_rows(lake, sink, query, n, f"trajectories of {run_id}", params={"run": run_id})
 
 
 # -- trainer -------------------------------------------------------------------------------------
@@ -608,12 +614,13 @@ def drain(ctx: DemoContext, run: dict[str, Any], n_bad: int) -> None:
     """Wait until everything the run published is in the lake: trajectories, versions, dead letters."""
     run_id = ctx.run_id
     wait_for_trajectories(ctx.lake, ctx.sink, run_id, run["trajectories"])
-    versions = f"select count(*) from policy_versions where run_id = '{run_id}'"
-    wait_for_rows(ctx.lake, ctx.sink, versions, run["steps"], "policy versions")
-    consumed = f"select count(distinct step) from batch_consumption where run_id = '{run_id}'"
-    wait_for_rows(ctx.lake, ctx.sink, consumed, run["steps"], "consumed batches")
-    dead = f"select count(*) from dead_letters where run_id = '{run_id}'"
-    wait_for_rows(ctx.lake, ctx.sink, dead, n_bad, "dead letters")
+    of_run = {"run": run_id}
+    versions = "select count(*) from policy_versions where run_id = $run"
+    wait_for_rows(ctx.lake, ctx.sink, versions, run["steps"], "policy versions", params=of_run)
+    consumed = "select count(distinct step) from batch_consumption where run_id = $run"
+    wait_for_rows(ctx.lake, ctx.sink, consumed, run["steps"], "consumed batches", params=of_run)
+    dead = "select count(*) from dead_letters where run_id = $run"
+    wait_for_rows(ctx.lake, ctx.sink, dead, n_bad, "dead letters", params=of_run)
 
 
 def run_demo(config: DemoConfig, out: TextIO | None = None) -> dict[str, Any]:

@@ -360,15 +360,28 @@ class Lake:
         return table.version()
 
     # -- reads ---------------------------------------------------------------------------
-    def read(self, name: str, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
-        """Rows of a stored table (no views), optionally projected and filtered with SQL."""
+    def read(
+        self,
+        name: str,
+        columns: Sequence[str] | None = None,
+        where: str | None = None,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+    ) -> pa.Table:
+        """Rows of a stored table (no views), optionally projected and filtered with SQL.
+
+        Args:
+            name: the table.
+            columns: columns to read (all if None).
+            where: a SQL condition; values go in `params` (`?` or `$name`), never into the text.
+            params: DuckDB parameters of `where`.
+        """
         from trajlake.store.sql import read_files
 
-        return read_files(self, name, columns, where)
+        return read_files(self, name, columns, where, params)
 
-    def sql(self, query: str) -> pa.Table:
-        """Run one read-only SQL query over every table; return Arrow."""
-        return self.query_engine().sql(query)
+    def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
+        """Run one read-only SQL query over every table, with DuckDB `params`; return Arrow."""
+        return self.query_engine().sql(query, params)
 
     def query_engine(self) -> Any:
         """The lake's shared read-only DuckDB engine (`trajlake.store.sql.QueryEngine`)."""

@@ -25,7 +25,7 @@ from trajlake.schemas.events import EVENTS_SCHEMA as SCHEMAS_EVENTS
 from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
 from trajlake.store.errors import CommitConflict, TxnFenced
-from trajlake.store.sql import sql_in_list
+from trajlake.store.sql import placeholders
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -304,8 +304,9 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
     old = sorted(ids - fresh)
     old_rows: dict[str, pa.Table] = {}
     if old:
-        quoted = sql_in_list(old)
-        everything = lake.read("events", EVENT_COLUMNS, where=f"trajectory_id in ({quoted})")
+        everything = lake.read(
+            "events", EVENT_COLUMNS, where=f"trajectory_id in ({placeholders(len(old))})", params=old
+        )
         old_rows = compute(scalarize(everything))
     for name in names:
         rows = fresh_rows[name]
