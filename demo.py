@@ -21,6 +21,7 @@ import random
 import sys
 import threading
 import time
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -28,6 +29,7 @@ from typing import Any, Literal, TextIO
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trajlake.rollout.envs.config import EnvConfig
+from trajlake.schemas.threads import run_in_thread
 
 DEFAULT_STEPS = 40
 CHAT_BUDGET_FROM = EnvConfig().context_budget_tokens
@@ -142,25 +144,18 @@ class SinkThread:
 
         self.sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=0.3, poll_timeout_s=0.05))
         self.stop_event = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="sink", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.sink.run(stop_event=self.stop_event)
-        except BaseException as err:  # reported by `check`, so the demo stops instead of waiting forever
-            self.error = err
+        self.job = run_in_thread(lambda: self.sink.run(stop_event=self.stop_event), name="sink")
 
     def check(self) -> None:
-        """Raise the sink's error, if it died."""
-        if self.error is not None:
-            raise RuntimeError(f"the sink stopped: {type(self.error).__name__}: {self.error}") from self.error
+        """Raise the sink's error, if it died (so the demo stops instead of waiting forever)."""
+        error = self.job.exception() if self.job.done() else None
+        if error is not None:
+            raise RuntimeError(f"the sink stopped: {type(error).__name__}: {error}") from error
 
     def stop(self) -> None:
         """Flush what is buffered and stop."""
         self.stop_event.set()
-        self.thread.join(60)
+        wait([self.job], timeout=60)
         self.check()
 
 
