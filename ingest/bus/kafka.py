@@ -303,15 +303,16 @@ class KafkaBus(Bus):
         return len(self._spool) if self._spool is not None else 0
 
     def spool_stats(self) -> dict[str, int]:
-        """Spool counters for metrics: messages and bytes waiting, spooled and redelivered totals."""
+        """Spool counters for metrics: messages and bytes waiting, spooled, redelivered and corrupt totals."""
         s = self._spool
         if s is None:
-            return {"messages": 0, "bytes": 0, "spooled_total": 0, "delivered_total": 0}
+            return {"messages": 0, "bytes": 0, "spooled_total": 0, "delivered_total": 0, "corrupt_total": 0}
         return {
             "messages": s.messages,
             "bytes": s.bytes,
             "spooled_total": s.spooled_total,
             "delivered_total": s.delivered_total,
+            "corrupt_total": s.corrupt_total,  # torn/corrupt records found on takeover (logged)
         }
 
     # -- consumer ------------------------------------------------------------------------
