@@ -21,12 +21,14 @@ import random
 import sys
 import threading
 import time
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from trajlake.demo.config import DemoConfig
 from trajlake.demo.envs.config import EnvConfig
+from trajlake.schemas.threads import run_in_thread
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -66,25 +68,18 @@ class SinkThread:
 
         self.sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=0.3, poll_timeout_s=0.05))
         self.stop_event = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="sink", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.sink.run(stop_event=self.stop_event)
-        except BaseException as err:  # reported by `check`, so the demo stops instead of waiting forever
-            self.error = err
+        self.job = run_in_thread(lambda: self.sink.run(stop_event=self.stop_event), name="sink")
 
     def check(self) -> None:
-        """Raise the sink's error, if it died."""
-        if self.error is not None:
-            raise RuntimeError(f"the sink stopped: {type(self.error).__name__}: {self.error}") from self.error
+        """Raise the sink's error, if it died (so the demo stops instead of waiting forever)."""
+        error = self.job.exception() if self.job.done() else None
+        if error is not None:
+            raise RuntimeError(f"the sink stopped: {type(error).__name__}: {error}") from error
 
     def stop(self) -> None:
         """Flush what is buffered and stop."""
         self.stop_event.set()
-        self.thread.join(60)
+        wait([self.job], timeout=60)
         self.check()
 
 
@@ -107,13 +102,19 @@ def make_buses(config: DemoConfig) -> tuple[Any, Any]:
 
 
 def wait_for_rows(
-    ctx_lake: Any, sink: SinkThread, query: str, n: int, what: str, timeout_s: float = 120.0
+    ctx_lake: Any,
+    sink: SinkThread,
+    query: str,
+    n: int,
+    what: str,
+    timeout_s: float = 120.0,
+    params: dict[str, Any] | None = None,
 ) -> int:
-    """Block until `query` (a `select count(*)`) returns at least `n`; return the count."""
+    """Block until `query` (a `select count(*)`, with DuckDB `params`) returns at least `n`; return the count."""
     deadline = time.monotonic() + timeout_s
     while True:
         sink.check()
-        got = int(ctx_lake.sql(query).column(0)[0].as_py() or 0)
+        got = int(ctx_lake.sql(query, params).column(0)[0].as_py() or 0)
         if got >= n:
             return got
         if time.monotonic() > deadline:
@@ -125,8 +126,8 @@ def wait_for_rows(
 
 def wait_for_trajectories(lake: Any, sink: SinkThread, run_id: str, n: int) -> int:
     """Block until the lake holds `n` finished trajectories of `run_id`."""
-    query = f"select count(*) from _t_trajectories where run_id = '{run_id}' and finished"
-    return wait_for_rows(lake, sink, query, n, f"trajectories of {run_id}")
+    query = "select count(*) from _t_trajectories where run_id = $run and finished"
+    return wait_for_rows(lake, sink, query, n, f"trajectories of {run_id}", params={"run": run_id})
 
 
 # -- trainer -------------------------------------------------------------------------------------
@@ -532,12 +533,13 @@ def drain(ctx: DemoContext, run: dict[str, Any], n_bad: int) -> None:
     """Wait until everything the run published is in the lake: trajectories, versions, dead letters."""
     run_id = ctx.run_id
     wait_for_trajectories(ctx.lake, ctx.sink, run_id, run["trajectories"])
-    versions = f"select count(*) from policy_versions where run_id = '{run_id}'"
-    wait_for_rows(ctx.lake, ctx.sink, versions, run["steps"], "policy versions")
-    consumed = f"select count(distinct step) from batch_consumption where run_id = '{run_id}'"
-    wait_for_rows(ctx.lake, ctx.sink, consumed, run["steps"], "consumed batches")
-    dead = f"select count(*) from dead_letters where run_id = '{run_id}'"
-    wait_for_rows(ctx.lake, ctx.sink, dead, n_bad, "dead letters")
+    of_run = {"run": run_id}
+    versions = "select count(*) from policy_versions where run_id = $run"
+    wait_for_rows(ctx.lake, ctx.sink, versions, run["steps"], "policy versions", params=of_run)
+    consumed = "select count(distinct step) from batch_consumption where run_id = $run"
+    wait_for_rows(ctx.lake, ctx.sink, consumed, run["steps"], "consumed batches", params=of_run)
+    dead = "select count(*) from dead_letters where run_id = $run"
+    wait_for_rows(ctx.lake, ctx.sink, dead, n_bad, "dead letters", params=of_run)
 
 
 def run_demo(config: DemoConfig, out: TextIO | None = None) -> dict[str, Any]:

@@ -12,12 +12,12 @@ import base64
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from trajlake.schemas.errors import TrajlakeError
+from trajlake.schemas.retry import wait_until
 from trajlake.schemas.settings import Settings
 from trajlake.schemas.settings import cache_dir as cache_root
 
@@ -287,23 +288,22 @@ def wait_until_ready(bootstrap: str, timeout_s: float = 60.0, proc: subprocess.P
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    deadline = time.monotonic() + timeout_s
     host, port = bootstrap.rsplit(":", 1)
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         if proc is not None and proc.poll() is not None:
             raise BrokerError(f"the broker exited with code {proc.returncode}; see broker.out and server.log")
-        if _port_open(int(port), host):
-            try:
-                admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-                try:
-                    admin.describe_cluster()
-                    return
-                finally:
-                    admin.close()
-            except KafkaError:
-                pass
-        time.sleep(0.25)
-    raise BrokerError(f"the broker at {bootstrap} did not answer within {timeout_s:.0f} s")
+        if not _port_open(int(port), host):
+            return False
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        try:
+            admin.describe_cluster()
+            return True
+        finally:
+            admin.close()
+
+    if not wait_until(answers, timeout_s=timeout_s, interval_s=0.25, retry_on=KafkaError):
+        raise BrokerError(f"the broker at {bootstrap} did not answer within {timeout_s:.0f} s")
 
 
 def stop_broker(data_dir: Path, timeout_s: float = 30.0) -> bool:
@@ -314,14 +314,10 @@ def stop_broker(data_dir: Path, timeout_s: float = 30.0) -> bool:
         (data / PID_FILE).unlink(missing_ok=True)
         return False
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.1)
-    if _alive(pid):
+    if not wait_until(lambda: not _alive(pid), timeout_s=timeout_s, interval_s=0.1):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
-            time.sleep(0.05)
+        wait_until(lambda: not _alive(pid), timeout_s=math.inf, interval_s=0.05)
     (data / PID_FILE).unlink(missing_ok=True)
     return True
 
@@ -332,8 +328,7 @@ def kill_broker(data_dir: Path) -> None:
     pid = read_pid(data)
     if pid is not None:
         os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
-            time.sleep(0.05)
+        wait_until(lambda: not _alive(pid), timeout_s=math.inf, interval_s=0.05)
     (data / PID_FILE).unlink(missing_ok=True)
 
 

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from trajlake.ingest.config import SinkConfig
 from trajlake.ingest.dead_letters import dead_letter, dead_letters_table, raw_event, raw_json
 from trajlake.ingest.seqs import SeqCache
 from trajlake.schemas.events import EVENTS_SCHEMA
+from trajlake.schemas.threads import run_in_thread
 from trajlake.schemas.validation import validate
 from trajlake.store import projections
 from trajlake.store.errors import TxnFenced
@@ -78,7 +80,7 @@ class DeltaSink:
         self._assembler = ChunkAssembler(self.config.chunk_max_gap)
         self._decoder = codec.Decoder()
         self._lock = threading.RLock()
-        self._inflight: _CommitThread | None = None
+        self._inflight: Future[int] | None = None  # the commit running on its own thread
         self._last_flush = 0.0
         self._advisory: dict[int, int] = {}  # partition -> next offset, committed to Delta
         self._advisory_lock = threading.Lock()
@@ -95,7 +97,7 @@ class DeltaSink:
     def resume(self, partitions: Iterable[int] | None = None) -> None:
         """Seek each assigned partition to just after the offset stored in the Delta log."""
         if self._inflight is not None:  # positions are read after the commit in flight lands
-            self._inflight.join()
+            wait([self._inflight])
         for partition in partitions if partitions is not None else self.bus.assigned_partitions():
             app_id = SourcePosition(self.bus.topic, partition, 0).app_id
             stored = self.lake.txn_version("events", app_id)
@@ -229,8 +231,7 @@ class DeltaSink:
             p, self._pending = self._pending, _Pending()
             if not p.rows and not p.dead and not p.last_offsets:
                 return version
-            self._inflight = _CommitThread(self._validate_and_commit, p)
-            self._inflight.start()
+            self._inflight = run_in_thread(lambda: self._validate_and_commit(p), name="trajlake-commit")
             self._last_flush = time.monotonic()
             return self._finish_commit() if wait else None
 
@@ -247,28 +248,28 @@ class DeltaSink:
 
     def committing(self) -> bool:
         """True while a commit started by `flush(wait=False)` is still running."""
-        return self._inflight is not None and self._inflight.is_alive()
+        return self._inflight is not None and not self._inflight.done()
 
     def _finish_commit(self) -> int | None:
         """Wait for the commit in flight; return its version, or None when it was fenced off."""
         job, self._inflight = self._inflight, None
         if job is None:
             return None
-        job.join()
+        error = job.exception()  # waits for the commit; its error is handed to this thread
         # the consuming thread, or kafka-python's IO thread in a rebalance callback: both may use
         # the consumer (commit_async only queues work on that IO thread); the commit thread may not
         self._send_advisory_offsets()
-        if isinstance(job.error, TxnFenced):
+        if isinstance(error, TxnFenced):
             # another sink owns these partitions now (we stalled past a rebalance): what we
             # buffered is theirs to commit, including what arrived since; continue from the Delta log
-            log.warning("dropping buffered events: %s", job.error)
+            log.warning("dropping buffered events: %s", error)
             self._pending = _Pending()
             self._assembler.reset()
             self.resume(self.bus.assigned_partitions())
             return None
-        if job.error is not None:
-            raise job.error
-        return job.version
+        if error is not None:
+            raise error
+        return job.result()
 
     def _commit(
         self, p: _Pending, result: Any, offsets: dict[str, int], expect: dict[str, int | None] | None
@@ -322,20 +323,3 @@ class DeltaSink:
                 break
         self.flush()
         return self.stats
-
-
-class _CommitThread(threading.Thread):
-    """Runs one `DeltaSink._commit` and keeps its version or error for the consuming thread."""
-
-    def __init__(self, commit: Any, *args: Any) -> None:
-        super().__init__(name="trajlake-commit", daemon=True)
-        self._job = (commit, args)
-        self.version: int | None = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        commit, args = self._job
-        try:
-            self.version = commit(*args)
-        except BaseException as err:  # handed to the consuming thread, which decides
-            self.error = err

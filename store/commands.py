@@ -157,9 +157,10 @@ def run_loadgen(args: argparse.Namespace) -> int:
 
     from trajlake.progress import Progress
     from trajlake.rollout.loadgen import generate
+    from trajlake.schemas.threads import run_in_thread
 
     config = args.LoadgenConfig
-    sink_thread = None
+    sink_job = None
     stop = threading.Event()
     if args.kafka:
         from trajlake.ingest.bus import setup_bus
@@ -172,23 +173,12 @@ def run_loadgen(args: argparse.Namespace) -> int:
 
         bus = InProcessBus()
         sink = DeltaSink(Lake(args.lake), bus)
-        failed: list[BaseException] = []
-
-        def consume() -> None:
-            try:
-                sink.run(stop_event=stop)
-            except BaseException as err:  # raised below, in the command's thread
-                failed.append(err)
-
-        sink_thread = threading.Thread(target=consume, name="sink", daemon=True)
-        sink_thread.start()
+        sink_job = run_in_thread(lambda: sink.run(stop_event=stop), name="sink")
     with Progress(config.trajectories, "loadgen", unit="traj") as progress:
         counts = generate(bus, config, on_trajectory=lambda _: progress.update())
-    if sink_thread is not None:
+    if sink_job is not None:
         stop.set()
-        sink_thread.join()
-        if failed:
-            raise failed[0]
+        sink_job.result()  # the sink's error, if any, is raised here in the command's thread
         sink.run(until_idle_s=0)  # drain what arrived after the thread's last poll
     bus.close()
     result = {

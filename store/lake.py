@@ -31,6 +31,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction
 
 from trajlake.schemas.events import EVENTS_SCHEMA
+from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import TABLE_SCHEMAS
 from trajlake.store.config import LakeConfig
 from trajlake.store.errors import CommitConflict, LakeError, TxnFenced
@@ -335,18 +336,19 @@ class Lake:
         Zero retries: a commit that lost a race fails instead of being rebased blindly onto a
         snapshot where another writer may have stored the same offsets; it is re-checked here.
         """
-        for attempt in range(COMMIT_RETRIES * 5):
-            table = self.check_txns(name, expect_txns)
-            try:
-                write(table)
-            except CommitFailedError:
-                time.sleep(min(0.5, 0.01 * (attempt + 1)))
-                continue
-            table.update_incremental()
-            return table.version()
-        raise CommitConflict(
-            f"commit to {name} kept losing races with other writers", table_uri=self.uri(name)
-        )
+        try:
+            for attempt in retrying(
+                retry_on=CommitFailedError, attempts=COMMIT_RETRIES * 5, wait=lambda n: min(0.5, 0.01 * n)
+            ):
+                with attempt:
+                    table = self.check_txns(name, expect_txns)  # TxnFenced is final: not retried
+                    write(table)
+        except CommitFailedError:
+            raise CommitConflict(
+                f"commit to {name} kept losing races with other writers", table_uri=self.uri(name)
+            ) from None
+        table.update_incremental()
+        return table.version()
 
     def append(self, name: str, data: pa.Table, app_transactions: Mapping[str, int] | None = None) -> int:
         """Append rows (possibly none) and `txn` actions atomically; return the new version."""
@@ -401,15 +403,28 @@ class Lake:
         return table.version()
 
     # -- reads ---------------------------------------------------------------------------
-    def read(self, name: str, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
-        """Rows of a stored table (no views), optionally projected and filtered with SQL."""
+    def read(
+        self,
+        name: str,
+        columns: Sequence[str] | None = None,
+        where: str | None = None,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+    ) -> pa.Table:
+        """Rows of a stored table (no views), optionally projected and filtered with SQL.
+
+        Args:
+            name: the table.
+            columns: columns to read (all if None).
+            where: a SQL condition; values go in `params` (`?` or `$name`), never into the text.
+            params: DuckDB parameters of `where`.
+        """
         from trajlake.store.sql import read_files
 
-        return read_files(self, name, columns, where)
+        return read_files(self, name, columns, where, params)
 
-    def sql(self, query: str) -> pa.Table:
-        """Run one read-only SQL query over every table; return Arrow."""
-        return self.query_engine().sql(query)
+    def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
+        """Run one read-only SQL query over every table, with DuckDB `params`; return Arrow."""
+        return self.query_engine().sql(query, params)
 
     def query_engine(self) -> Any:
         """The lake's shared read-only DuckDB engine (`trajlake.store.sql.QueryEngine`)."""

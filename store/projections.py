@@ -33,9 +33,10 @@ from trajlake.schemas.fields import (
     TRAJECTORY_STARTED,
     feeds_into,
 )
+from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
 from trajlake.store.errors import CommitConflict, TxnFenced
-from trajlake.store.sql import sql_in_list
+from trajlake.store.sql import placeholders
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -309,15 +310,16 @@ def catch_up(lake: Lake, known: Mapping[str, pa.Table] | None = None) -> int:
     upto = lake.version("events")
     if upto < 0:
         return upto
-    for _ in range(100):
-        try:
-            _catch_up_once(lake, upto, known or {})
-            return upto
-        except TxnFenced:
-            continue  # another sink advanced a projection meanwhile: start from its position
-    raise CommitConflict(
-        "projections kept losing races with other writers", table_uri=lake.uri("trajectories")
-    )
+    # TxnFenced: another sink advanced a projection meanwhile; start again from its position
+    try:
+        for attempt in retrying(retry_on=TxnFenced, attempts=100):
+            with attempt:
+                _catch_up_once(lake, upto, known or {})
+    except TxnFenced:
+        raise CommitConflict(
+            "projections kept losing races with other writers", table_uri=lake.uri("trajectories")
+        ) from None
+    return upto
 
 
 def _catch_up_once(lake: Lake, upto: int, known: Mapping[str, pa.Table]) -> None:
@@ -345,8 +347,9 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
     old = sorted(ids - fresh)
     old_rows: dict[str, pa.Table] = {}
     if old:
-        quoted = sql_in_list(old)
-        everything = lake.read("events", EVENT_COLUMNS, where=f"trajectory_id in ({quoted})")
+        everything = lake.read(
+            "events", EVENT_COLUMNS, where=f"trajectory_id in ({placeholders(len(old))})", params=old
+        )
         old_rows = compute(scalarize(everything))
     for name in names:
         rows = fresh_rows[name]

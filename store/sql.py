@@ -10,7 +10,7 @@ file outside the lake and reach no network.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -65,18 +65,18 @@ VIEWS = {
 }
 
 
-def sql_string(value: str) -> str:
-    """A SQL string literal for `value` (single quotes doubled)."""
-    return "'" + value.replace("'", "''") + "'"
+Params = Sequence[Any] | Mapping[str, Any] | None
+"""DuckDB parameters: values for `?` placeholders in order, or for `$name` placeholders by name."""
 
 
-def sql_in_list(values: Sequence[str]) -> str:
-    """The inside of an `IN (...)` list of string literals."""
-    return ", ".join(sql_string(v) for v in values)
+def placeholders(n: int) -> str:
+    """`?, ?, ?` for an `IN (...)` list of `n` values passed as parameters."""
+    return ", ".join("?" * n)
 
 
-def _sql_list(paths: Sequence[str]) -> str:
-    return "[" + sql_in_list(paths) + "]"
+def _file_list(paths: Sequence[str]) -> str:
+    """A DuckDB list of file paths for view DDL, which DuckDB cannot take parameters in."""
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
 def register_tables(
@@ -126,7 +126,7 @@ def _select_files(con: duckdb.DuckDBPyConnection, lake: Lake, name: str, files: 
     schema = SCHEMAS[name]
     stored = set(lake.stored_columns(name))
     mixed = lake.may_mix_schemas(name)
-    source = f"read_parquet({_sql_list(files)}{', union_by_name = true' if mixed else ''})"
+    source = f"read_parquet({_file_list(files)}{', union_by_name = true' if mixed else ''})"
     missing = [f for f in schema if f.name not in stored]
     if not missing and not mixed:
         return f"select * from {source}"
@@ -137,15 +137,17 @@ def _select_files(con: duckdb.DuckDBPyConnection, lake: Lake, name: str, files: 
     return "select " + ", ".join(f'"{c}"' for c in schema.names) + f" from {source}"
 
 
-def read_files(lake: Lake, name: str, columns: Sequence[str] | None, where: str | None) -> pa.Table:
-    """Internal read of one stored table (trusted SQL: no read-only guard)."""
+def read_files(
+    lake: Lake, name: str, columns: Sequence[str] | None, where: str | None, params: Params = None
+) -> pa.Table:
+    """Internal read of one stored table (trusted SQL: no read-only guard); values go in `params`."""
     con = duckdb.connect()
     try:
         con.execute("set threads to 2")
         register_tables(con, lake, [name])
         cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
         query = f"select {cols} from _t_{name}" + (f" where {where}" if where else "")
-        return con.sql(query).to_arrow_table()
+        return con.sql(query, params=params).to_arrow_table()
     finally:
         con.close()
 
@@ -171,7 +173,7 @@ class QueryEngine:
             self.con.execute(f"create or replace view {name} as {body}")
         if lake.is_local:
             root = lake.root.rstrip("/") + "/"
-            self.con.execute(f"set allowed_directories = {_sql_list([root])}")
+            self.con.execute("set allowed_directories = ?", [[root]])
         self.con.execute("set enable_external_access = false")
         self.con.execute("set lock_configuration = true")
 
@@ -191,7 +193,7 @@ class QueryEngine:
                 cur.register(name, dataset)
             return cur
 
-    def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
+    def sql(self, query: str, params: Params = None) -> pa.Table:
         """Run one read-only statement; raise `ReadOnlyQueryError` for anything that writes."""
         check_read_only(query)
         cur = self.cursor()

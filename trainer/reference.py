@@ -48,7 +48,8 @@ def run_vocab_size(lake: Lake, run_id: str) -> int | None:
     table = lake.read(
         "events",
         ["vocab_size"],
-        where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}' and vocab_size is not null",
+        where="run_id = $run and vocab_size is not null",
+        params={"run": run_id},
     )
     values = [v for v in table.column("vocab_size").to_pylist() if v]
     return max(values) if values else None
@@ -56,9 +57,7 @@ def run_vocab_size(lake: Lake, run_id: str) -> int | None:
 
 def run_policy_version(lake: Lake, run_id: str) -> int | None:
     """The highest policy version the run's events announced, if any."""
-    table = lake.read(
-        "policy_versions", ["policy_version"], where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}'"
-    )
+    table = lake.read("policy_versions", ["policy_version"], where="run_id = $run", params={"run": run_id})
     values = [v for v in table.column("policy_version").to_pylist() if v is not None]
     return max(values) if values else None
 

@@ -25,6 +25,7 @@ from trajlake.ingest.bus.base import Bus, BusUnreachable, Message, SourcePositio
 from trajlake.ingest.bus.inprocess import group_by_trajectory
 from trajlake.ingest.config import KafkaConfig
 from trajlake.ingest.spool import Spool
+from trajlake.schemas.retry import BackoffPolicy, backoff_delay, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,10 @@ class KafkaBus(Bus):
         self._acked = threading.Condition(self._lock)
         self._inflight_bytes = 0
         self._last_retry = 0.0
+        self._drain_backoff = BackoffPolicy(
+            max_attempts=1, initial_backoff_s=config.retry_interval_s, max_backoff_s=30.0, jitter=0.0
+        )
+        self._failed_drains = 0
         self._retry_delay = config.retry_interval_s
         self._outage_since: float | None = None
         self.undelivered = 0  # messages `close` left in the disk spool
@@ -213,7 +218,8 @@ class KafkaBus(Bus):
         delivered = self._drain_spool()
         self._last_retry = time.monotonic()
         # back off while the broker stays away, so callers are rarely blocked by retries
-        self._retry_delay = self.config.retry_interval_s if delivered else min(self._retry_delay * 2, 30.0)
+        self._failed_drains = 0 if delivered else self._failed_drains + 1
+        self._retry_delay = backoff_delay(self._failed_drains + 1, self._drain_backoff)
 
     def _drain_spool(self) -> bool:
         """Deliver spooled messages in order, synchronously; stop at the first failure; True if all went."""
@@ -278,33 +284,35 @@ class KafkaBus(Bus):
                 self.config.bootstrap,
                 len(self._spool),
             )
-        while self._spool is not None and len(self._spool):
-            if time.monotonic() >= deadline:
-                log.warning(
-                    "%d messages still undelivered after %.0f s; they stay in %s",
-                    len(self._spool),
-                    timeout_s,
-                    self._spool.directory,
-                )
-                return
-            self._maybe_retry_spool(force=True)
-            if len(self._spool):
-                time.sleep(min(self.config.retry_interval_s, max(0.0, deadline - time.monotonic())))
+
+        def delivered() -> bool:
+            if time.monotonic() < deadline:
+                self._maybe_retry_spool(force=True)
+            return not self.spooled()
+
+        if not wait_until(delivered, timeout_s=timeout_s, interval_s=self.config.retry_interval_s):
+            log.warning(
+                "%d messages still undelivered after %.0f s; they stay in %s",
+                self.spooled(),
+                timeout_s,
+                self._ensure_spool().directory,
+            )
 
     def spooled(self) -> int:
         """Messages waiting in the disk spool."""
         return len(self._spool) if self._spool is not None else 0
 
     def spool_stats(self) -> dict[str, int]:
-        """Spool counters for metrics: messages and bytes waiting, spooled and redelivered totals."""
+        """Spool counters for metrics: messages and bytes waiting, spooled, redelivered and corrupt totals."""
         s = self._spool
         if s is None:
-            return {"messages": 0, "bytes": 0, "spooled_total": 0, "delivered_total": 0}
+            return {"messages": 0, "bytes": 0, "spooled_total": 0, "delivered_total": 0, "corrupt_total": 0}
         return {
             "messages": s.messages,
             "bytes": s.bytes,
             "spooled_total": s.spooled_total,
             "delivered_total": s.delivered_total,
+            "corrupt_total": s.corrupt_total,  # torn/corrupt records found on takeover (logged)
         }
 
     # -- consumer ------------------------------------------------------------------------

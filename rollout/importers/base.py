@@ -65,7 +65,8 @@ class ImportSession:
         rows = self.lake.read(
             "trajectories",
             columns=["trajectory_id"],
-            where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}'",
+            where="run_id = $run",
+            params={"run": run_id},
         )
         return set(rows.column("trajectory_id").to_pylist())
 
