@@ -20,7 +20,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trajlake.ingest import codec
-from trajlake.ingest.bus.base import Bus, Message
+from trajlake.ingest.bus.base import Message, Publisher
 from trajlake.schemas import events as ev
 
 TOOLS = (("python", True), ("bash", True), ("search", False), ("calculator", False), ("file_edit", False))
@@ -202,7 +202,7 @@ class _ColumnBatch:
             arrays.append(_column(f.type, self.n, np.asarray(rows, dtype=np.int64), values))
         return pa.Table.from_arrays(arrays, schema=ev.EVENTS_SCHEMA)
 
-    def publish(self, bus: Bus) -> int:
+    def publish(self, bus: Publisher) -> int:
         """Send one message per trajectory (and per policy update); return messages sent."""
         table = self.table()
         for key, first, end in self.spans:
@@ -238,7 +238,7 @@ def _column(type_: pa.DataType, n: int, rows: np.ndarray, values: list[Any]) -> 
 
 
 def generate(
-    bus: Bus,
+    bus: Publisher,
     config: LoadgenConfig,
     on_trajectory: Callable[[int], None] | None = None,
     chunk: int = 500,

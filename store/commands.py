@@ -199,8 +199,6 @@ def _merge_reports(a: Any, b: Any) -> Any:
 
 
 def run_loadgen(args: argparse.Namespace) -> int:
-    import threading
-
     from pydantic import ValidationError
 
     from trajlake.progress import Progress
@@ -218,37 +216,21 @@ def run_loadgen(args: argparse.Namespace) -> int:
     except ValidationError as err:
         options = {f: f"--{f.replace('_', '-')} or TRAJLAKE_{f.upper()}" for f in LoadgenConfig.model_fields}
         raise CliError(settings_error(err, options)) from None
-    sink_thread = None
-    stop = threading.Event()
-    if args.kafka:
-        from trajlake.ingest.bus import setup_bus
+    from trajlake.ingest.bus import setup_bus
 
-        bus = setup_bus(kind="kafka", bootstrap=args.kafka, topic=args.topic)
-    else:
-        from trajlake.ingest.bus.inprocess import InProcessBus
-        from trajlake.ingest.sink import DeltaSink
+    sink_thread = None
+    if args.kafka:
+        bus = setup_bus("kafka", bootstrap=args.kafka, topic=args.topic)
+    else:  # the embedded bus lives in this process, and so does its sink
+        from trajlake.ingest.sink import DeltaSink, SinkThread
         from trajlake.store.lake import Lake
 
-        bus = InProcessBus()
-        sink = DeltaSink(Lake(args.lake), bus)
-        failed: list[BaseException] = []
-
-        def consume() -> None:
-            try:
-                sink.run(stop_event=stop)
-            except BaseException as err:  # raised below, in the command's thread
-                failed.append(err)
-
-        sink_thread = threading.Thread(target=consume, name="sink", daemon=True)
-        sink_thread.start()
+        bus = setup_bus("inprocess")  # a topic of its own: in-process offsets restart in every process
+        sink_thread = SinkThread(DeltaSink(Lake(args.lake), bus))
     with Progress(config.trajectories, "loadgen", unit="traj") as progress:
         counts = generate(bus, config, on_trajectory=lambda _: progress.update())
     if sink_thread is not None:
-        stop.set()
-        sink_thread.join()
-        if failed:
-            raise failed[0]
-        sink.run(until_idle_s=0)  # drain what arrived after the thread's last poll
+        sink_thread.stop(drain=True)
     bus.close()
     result = {
         "events": counts.events,
@@ -256,7 +238,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
         "turns": counts.turns,
         "tokens": counts.tokens,
     }
-    undelivered = getattr(bus, "undelivered", 0)
+    left = bus.spool_stats()
+    undelivered = left.messages
     if args.kafka:
         result["undelivered_messages"] = undelivered
     if args.json:
@@ -268,10 +251,9 @@ def run_loadgen(args: argparse.Namespace) -> int:
             f"{verb} {counts.events} events, {counts.trajectories} trajectories, {counts.tokens} tokens {to} {where}"
         )
     if undelivered:
-        spool = bus.config.spool_dir / bus.topic  # type: ignore[attr-defined]
         print(
             f"trajlake loadgen: {undelivered} messages did not reach Kafka at {args.kafka}; they wait in "
-            f"{spool}, and the next producer of topic {bus.topic} delivers them",
+            f"{left.directory}, and the next producer of topic {bus.topic} delivers them",
             file=sys.stderr,
         )
         return 1
