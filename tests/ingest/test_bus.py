@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,34 @@ def test_the_in_process_bus_reports_lag_per_partition_and_a_sink_takes_it_to_zer
     assert sum(bus.lag().values()) == 6 and set(bus.lag()) == {0, 1}
     DeltaSink(lake, bus).poll_once()
     assert bus.lag() == {0: 0, 1: 0}
+
+
+ROLES = '''
+from trajlake.ingest.bus.base import Bus, Consumer, Publisher
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.bus.kafka import KafkaBus
+from trajlake.ingest.config import KafkaConfig
+from trajlake.rollout.workers import CollectingBus
+
+
+def roles(config: KafkaConfig) -> None:
+    buses: list[Bus] = [InProcessBus(), KafkaBus(config)]
+    publisher: Publisher = CollectingBus()
+    consumer: Consumer = CollectingBus()  # the one line mypy must refuse
+'''
+
+
+def test_mypy_agrees_which_bus_plays_which_role(tmp_path: Path) -> None:
+    """Statically: every method of each role is there, with its signature (isinstance checks names only)."""
+    pytest.importorskip("mypy")
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "pkgs").mkdir()
+    (tmp_path / "pkgs" / "trajlake").symlink_to(root)  # the repository root is the package
+    (tmp_path / "roles.py").write_text(ROLES)
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml"), "--follow-imports=silent",
+         "--cache-dir", str(tmp_path / "cache"), str(tmp_path / "roles.py")],
+        capture_output=True, text=True, env={**os.environ, "MYPYPATH": str(tmp_path / "pkgs")}, timeout=300,
+    )  # fmt: skip
+    errors = [line for line in out.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and "roles.py:12:" in errors[0] and '"Consumer"' in errors[0], out.stdout
