@@ -66,7 +66,7 @@ def test_the_in_process_bus_reports_lag_per_partition_and_a_sink_takes_it_to_zer
     assert bus.lag() == {0: 0, 1: 0}
 
 
-ROLES = '''
+ROLES = """
 from trajlake.ingest.bus.base import Bus, Consumer, Publisher
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.bus.kafka import KafkaBus
@@ -78,7 +78,7 @@ def roles(config: KafkaConfig) -> None:
     buses: list[Bus] = [InProcessBus(), KafkaBus(config)]
     publisher: Publisher = CollectingBus()
     consumer: Consumer = CollectingBus()  # the one line mypy must refuse
-'''
+"""
 
 
 def test_mypy_agrees_which_bus_plays_which_role(tmp_path: Path) -> None:
