@@ -19,16 +19,17 @@ import json
 import queue
 import random
 import sys
-import threading
 import time
-from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from trajlake.demo.config import DemoConfig
 from trajlake.demo.envs.config import EnvConfig
-from trajlake.schemas.threads import run_in_thread
+
+if TYPE_CHECKING:
+    from trajlake.ingest.bus.base import Consumer, Publisher
+    from trajlake.ingest.sink import SinkThread
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -60,45 +61,22 @@ class Progress:
 
 
 # -- platform pieces -----------------------------------------------------------------------------
-class SinkThread:
-    """The exactly-once `DeltaSink` consuming the bus in a background thread."""
-
-    def __init__(self, lake: Any, bus: Any) -> None:
-        from trajlake.ingest.sink import DeltaSink, SinkConfig
-
-        self.sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=0.3, poll_timeout_s=0.05))
-        self.stop_event = threading.Event()
-        self.job = run_in_thread(lambda: self.sink.run(stop_event=self.stop_event), name="sink")
-
-    def check(self) -> None:
-        """Raise the sink's error, if it died (so the demo stops instead of waiting forever)."""
-        error = self.job.exception() if self.job.done() else None
-        if error is not None:
-            raise RuntimeError(f"the sink stopped: {type(error).__name__}: {error}") from error
-
-    def stop(self) -> None:
-        """Flush what is buffered and stop."""
-        self.stop_event.set()
-        wait([self.job], timeout=60)
-        self.check()
-
-
-def make_buses(config: DemoConfig) -> tuple[Any, Any]:
+def make_buses(config: DemoConfig) -> tuple[Publisher, Consumer]:
     """(producer bus, consumer bus): one in-process bus for both, or two Kafka clients of one topic."""
     from trajlake.ingest.bus import setup_bus
 
     if not config.kafka:
         bus = setup_bus("inprocess")
         return bus, bus
-    from trajlake.ingest.bus.kafka import create_topic
+    from trajlake.ingest.bus.kafka import KafkaBus, create_topic
+    from trajlake.ingest.config import KafkaConfig
 
-    topic = config.topic or f"trajlake-demo-{config.run_id}"
-    producer = setup_bus("kafka", bootstrap=config.kafka, topic=topic)
-    create_topic(producer.config)  # type: ignore[attr-defined]  # idempotent; the sink subscribes to it
-    consumer = setup_bus(
-        "kafka", bootstrap=config.kafka, topic=topic, group_id=f"trajlake-demo-sink-{config.run_id}"
+    kafka = KafkaConfig.from_env(
+        bootstrap=config.kafka, topic=config.topic or f"trajlake-demo-{config.run_id}"
     )
-    return producer, consumer
+    create_topic(kafka)  # idempotent; the sink subscribes to it
+    consumer = KafkaBus(kafka.model_copy(update={"group_id": f"trajlake-demo-sink-{config.run_id}"}))
+    return KafkaBus(kafka), consumer
 
 
 def wait_for_rows(
@@ -169,8 +147,8 @@ class DemoContext:
     out: TextIO
     lake: Any
     catalog: Any
-    producer: Any
-    consumer: Any
+    producer: Publisher
+    consumer: Consumer
     sink: SinkThread
     vllm: Any = None  # the VllmEngine, on the vllm engine
     server: dict[str, Any] | None = None  # the vLLM server this demo started (stopped at the end)
@@ -214,6 +192,7 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
     """Open the lake and catalog, connect the bus, start the sink."""
     import torch
 
+    from trajlake.ingest.sink import DeltaSink, SinkConfig, SinkThread
     from trajlake.store.catalog import Catalog
     from trajlake.store.lake import Lake
 
@@ -223,7 +202,8 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
     if config.run_id is None:
         config = config.model_copy(update={"run_id": free_run_id(lake, catalog)})
     producer, consumer = make_buses(config)
-    ctx = DemoContext(config, out, lake, catalog, producer, consumer, SinkThread(lake, consumer))
+    sink = SinkThread(DeltaSink(lake, consumer, SinkConfig(max_latency_s=0.3, poll_timeout_s=0.05)))
+    ctx = DemoContext(config, out, lake, catalog, producer, consumer, sink)
     if config.engine == "vllm":
         try:
             start_vllm(ctx)
@@ -274,7 +254,7 @@ def free_run_id(lake: Any, catalog: Any) -> str:
 def cleanup(ctx: DemoContext) -> None:
     """Stop the sink (after a final flush) and close connections."""
     ctx.producer.flush()
-    ctx.sink.stop()
+    ctx.sink.stop(timeout_s=60)
     for bus in {id(ctx.producer): ctx.producer, id(ctx.consumer): ctx.consumer}.values():
         bus.close()
     ctx.catalog.close()

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trajlake.ingest.bus.base import Bus
+from trajlake.ingest.bus.base import Publisher
 from trajlake.schemas import events as ev
 from trajlake.schemas.errors import TrajlakeError
 
@@ -272,11 +272,11 @@ class TrajectoryRecorder:
 
 
 class Recorder:
-    """Starts trajectories of one run and writes their events to a `Bus`."""
+    """Starts trajectories of one run and writes their events to a `Publisher` (a bus)."""
 
     def __init__(
         self,
-        bus: Bus,
+        bus: Publisher,
         run_id: str,
         *,
         producer_id: str | None = None,

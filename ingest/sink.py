@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajlake.ingest import codec
-from trajlake.ingest.bus.base import Bus, Message, SourcePosition
+from trajlake.ingest.bus.base import Consumer, Message, SourcePosition
 from trajlake.ingest.chunking import ChunkAssembler
 from trajlake.ingest.config import SinkConfig
 from trajlake.ingest.dead_letters import dead_letter, dead_letters_table, raw_event, raw_json
@@ -67,7 +67,7 @@ class SinkStats:
 class DeltaSink:
     """Buffers events; `flush` writes rows and source offsets in one Delta commit."""
 
-    def __init__(self, lake: Lake, bus: Bus, config: SinkConfig | None = None) -> None:
+    def __init__(self, lake: Lake, bus: Consumer, config: SinkConfig | None = None) -> None:
         self.lake = lake
         self.bus = bus
         self.config = config or SinkConfig()
@@ -84,10 +84,11 @@ class DeltaSink:
         self._last_flush = 0.0
         self._advisory: dict[int, int] = {}  # partition -> next offset, committed to Delta
         self._advisory_lock = threading.Lock()
-        if hasattr(bus, "on_assigned"):  # a consumer group (Kafka): partitions move between sinks
-            bus.on_assigned = self._on_assigned
-            bus.on_revoked = self._on_revoked
-            bus.on_lost = self._on_lost
+        self._assigned_at = 0.0  # monotonic time of the last partition assignment
+        # in a consumer group (Kafka) partitions move between sinks; a consumer without one never calls these
+        bus.on_assigned = self._on_assigned
+        bus.on_revoked = self._on_revoked
+        bus.on_lost = self._on_lost
         if self.config.exactly_once:
             self.resume()
         if self.config.update_projections:
@@ -111,6 +112,7 @@ class DeltaSink:
 
     def _on_assigned(self, partitions: list[int]) -> None:
         """A rebalance gave this sink `partitions`: continue each from the Delta log."""
+        self._assigned_at = time.monotonic()
         if self.config.exactly_once:
             with self._lock:
                 self.resume(partitions)
@@ -169,7 +171,7 @@ class DeltaSink:
 
     def _send_advisory_offsets(self) -> None:
         """Tell the bus how far the sink committed (Kafka lag tools read it; resuming never does)."""
-        if not self._advisory or not hasattr(self.bus, "commit_offsets"):
+        if not self._advisory:
             return
         with self._advisory_lock:
             offsets, self._advisory = self._advisory, {}
@@ -310,16 +312,60 @@ class DeltaSink:
             self._dead(pos, key, content_type, raw, reason, one.to_pylist()[0], into=p)
 
     # -- main loop -----------------------------------------------------------------------
-    def run(self, until_idle_s: float | None = None, stop_event: threading.Event | None = None) -> SinkStats:
-        """Consume until `stop_event` is set, or until `until_idle_s` pass without a message."""
+    def run(
+        self,
+        until_idle_s: float | None = None,
+        stop_event: threading.Event | None = None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> SinkStats:
+        """Consume until `stop_event` is set, or until a poll comes back empty after `until_idle_s` idle.
+
+        The one main loop of every sink (the `trajlake ingest` service, the demo, loadgen,
+        importers). Idle time restarts with every message, every flush (a long commit is
+        not time without messages) and every partition assignment (waiting for the group
+        is not quiet input): `until_idle_s=0` stops at the first empty poll. `on_tick` runs
+        once per turn on this thread (metrics read the consumer, which is not thread-safe).
+        What was consumed is committed, with its offsets, before this returns.
+        """
         idle_since = time.monotonic()
         while not (stop_event is not None and stop_event.is_set()):
             got = self.poll_once()
             if got:
                 idle_since = time.monotonic()
+            idle_since = max(idle_since, self._assigned_at)
             if self.should_flush():
-                self.flush(wait=False)
+                self.flush(wait=False)  # the commit runs while the loop goes on consuming
+                idle_since = time.monotonic()
+            if on_tick is not None:
+                on_tick()
             if until_idle_s is not None and not got and time.monotonic() - idle_since >= until_idle_s:
+                if until_idle_s:
+                    log.info("no message for %.1f s; stopping", until_idle_s)
                 break
         self.flush()
         return self.stats
+
+
+class SinkThread:
+    """Runs a sink's main loop on a background thread; `stop` commits what it holds and joins it."""
+
+    def __init__(self, sink: DeltaSink) -> None:
+        self.sink = sink
+        self.stop_event = threading.Event()
+        self.job = run_in_thread(lambda: self.sink.run(stop_event=self.stop_event), name="trajlake-sink")
+
+    def check(self) -> None:
+        """Raise the error the sink died of, if it did (so a caller waiting for rows stops waiting)."""
+        if self.job.done():
+            self.job.result()
+
+    def stop(self, drain: bool = False, timeout_s: float | None = None) -> SinkStats:
+        """Commit what is buffered and stop; with `drain`, then consume what is still on the bus."""
+        self.stop_event.set()
+        done, _ = wait([self.job], timeout_s)
+        if not done:
+            raise TimeoutError(f"the sink did not stop within {timeout_s:g} s (a commit is still running)")
+        self.job.result()  # the sink's own error, in the caller's thread
+        if drain:  # published after the thread's last poll: read it here, the thread is gone
+            self.sink.run(until_idle_s=0)
+        return self.sink.stats

@@ -1,4 +1,4 @@
-"""CLI commands of the rollout toolkit: `import harbor`, `import skyrl`, `doctor`."""
+"""CLI commands of the rollout toolkit: `import harbor`, `import skyrl`, `doctor`, `loadgen`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import sys
 
 from trajlake.cli import CliError
-from trajlake.rollout.config import DoctorSettings, ImportSettings
-from trajlake.schemas.settings import LakeSettings, RunSettings, add_settings
+from trajlake.ingest.config import KafkaConfig
+from trajlake.rollout.config import DoctorSettings, ImportSettings, LoadgenConfig
+from trajlake.schemas.settings import KafkaSwitch, LakeSettings, RunSettings, add_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +36,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings(d, RunSettings, help={"run_id": "run id to check"})
     add_settings(d, DoctorSettings)
     d.set_defaults(handler=run_doctor)
+
+    p = subparsers.add_parser("loadgen", help="synthetic agent-RL workload through the bus")
+    add_settings(p, LakeSettings)
+    add_settings(p, LoadgenConfig, required=["trajectories"])
+    add_settings(p, KafkaSwitch, help={"kafka": "produce to Apache Kafka instead of the in-process bus"})
+    add_settings(p, KafkaConfig, ["topic"])
+    p.add_argument("--json", action="store_true", help="print the counts produced as JSON")
+    p.set_defaults(handler=run_loadgen)
 
 
 def _common_import_options(p: argparse.ArgumentParser) -> None:
@@ -99,3 +108,51 @@ def run_doctor(args: argparse.Namespace) -> int:
     if not report.totals.get("trajectories"):
         return 2
     return 0 if report.healthy else 1
+
+
+def run_loadgen(args: argparse.Namespace) -> int:
+    from trajlake.ingest.bus import setup_bus
+    from trajlake.progress import Progress
+    from trajlake.rollout.loadgen import generate
+
+    config = args.LoadgenConfig
+    sink_thread = None
+    if args.kafka:
+        bus = setup_bus("kafka", bootstrap=args.kafka, topic=args.topic)
+    else:  # the embedded bus lives in this process, and so does its sink
+        from trajlake.ingest.sink import DeltaSink, SinkThread
+        from trajlake.store.lake import Lake
+
+        bus = setup_bus("inprocess")  # a topic of its own: in-process offsets restart in every process
+        sink_thread = SinkThread(DeltaSink(Lake(args.lake), bus))
+    with Progress(config.trajectories, "loadgen", unit="traj") as progress:
+        counts = generate(bus, config, on_trajectory=lambda _: progress.update())
+    if sink_thread is not None:
+        sink_thread.stop(drain=True)
+    bus.close()
+    result = {
+        "events": counts.events,
+        "trajectories": counts.trajectories,
+        "turns": counts.turns,
+        "tokens": counts.tokens,
+    }
+    left = bus.spool_stats()
+    undelivered = left.messages
+    if args.kafka:
+        result["undelivered_messages"] = undelivered
+    if args.json:
+        print(json.dumps(result))
+    else:
+        where = f"Kafka topic {args.topic} at {args.kafka}" if args.kafka else args.lake
+        verb, to = ("generated", "for") if undelivered else ("wrote", "to")
+        print(
+            f"{verb} {counts.events} events, {counts.trajectories} trajectories, {counts.tokens} tokens {to} {where}"
+        )
+    if undelivered:
+        print(
+            f"trajlake loadgen: {undelivered} messages did not reach Kafka at {args.kafka}; they wait in "
+            f"{left.directory}, and the next producer of topic {bus.topic} delivers them",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

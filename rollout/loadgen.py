@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajlake.ingest import codec
-from trajlake.ingest.bus.base import Bus, Message
+from trajlake.ingest.bus.base import Message, Publisher
 from trajlake.rollout.config import LoadgenConfig
 from trajlake.schemas import events as ev
 
@@ -171,7 +171,7 @@ class _ColumnBatch:
             arrays.append(_column(f.type, self.n, np.asarray(rows, dtype=np.int64), values))
         return pa.Table.from_arrays(arrays, schema=ev.EVENTS_SCHEMA)
 
-    def publish(self, bus: Bus) -> int:
+    def publish(self, bus: Publisher) -> int:
         """Send one message per trajectory (and per policy update); return messages sent."""
         table = self.table()
         for key, first, end in self.spans:
@@ -207,7 +207,7 @@ def _column(type_: pa.DataType, n: int, rows: np.ndarray, values: list[Any]) -> 
 
 
 def generate(
-    bus: Bus,
+    bus: Publisher,
     config: LoadgenConfig,
     on_trajectory: Callable[[int], None] | None = None,
     chunk: int = 500,

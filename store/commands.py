@@ -1,4 +1,4 @@
-"""CLI commands of the lake: `sql`, `rebuild`, `compact`, `loadgen`."""
+"""CLI commands of the lake: `sql`, `rebuild`, `compact`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import sys
 from typing import Any
 
 from trajlake.cli import CliError
-from trajlake.ingest.config import KafkaConfig
-from trajlake.rollout.config import LoadgenConfig
-from trajlake.schemas.settings import FormatSettings, KafkaSwitch, LakeSettings, add_settings
+from trajlake.schemas.settings import FormatSettings, LakeSettings, add_settings
 from trajlake.store.config import CompactSettings
 
 
@@ -32,14 +30,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings(p, LakeSettings)
     add_settings(p, CompactSettings)
     p.set_defaults(handler=run_compact)
-
-    p = subparsers.add_parser("loadgen", help="synthetic agent-RL workload through the bus")
-    add_settings(p, LakeSettings)
-    add_settings(p, LoadgenConfig, required=["trajectories"])
-    add_settings(p, KafkaSwitch, help={"kafka": "produce to Apache Kafka instead of the in-process bus"})
-    add_settings(p, KafkaConfig, ["topic"])
-    p.add_argument("--json", action="store_true", help="print the counts produced as JSON")
-    p.set_defaults(handler=run_loadgen)
 
 
 def run_sql(args: argparse.Namespace) -> int:
@@ -150,60 +140,3 @@ def _merge_reports(a: Any, b: Any) -> Any:
     a.files_added.update(b.files_added)
     a.vacuumed.update(b.vacuumed)
     return a
-
-
-def run_loadgen(args: argparse.Namespace) -> int:
-    import threading
-
-    from trajlake.progress import Progress
-    from trajlake.rollout.loadgen import generate
-    from trajlake.schemas.threads import run_in_thread
-
-    config = args.LoadgenConfig
-    sink_job = None
-    stop = threading.Event()
-    if args.kafka:
-        from trajlake.ingest.bus import setup_bus
-
-        bus = setup_bus(kind="kafka", bootstrap=args.kafka, topic=args.topic)
-    else:
-        from trajlake.ingest.bus.inprocess import InProcessBus
-        from trajlake.ingest.sink import DeltaSink
-        from trajlake.store.lake import Lake
-
-        bus = InProcessBus()
-        sink = DeltaSink(Lake(args.lake), bus)
-        sink_job = run_in_thread(lambda: sink.run(stop_event=stop), name="sink")
-    with Progress(config.trajectories, "loadgen", unit="traj") as progress:
-        counts = generate(bus, config, on_trajectory=lambda _: progress.update())
-    if sink_job is not None:
-        stop.set()
-        sink_job.result()  # the sink's error, if any, is raised here in the command's thread
-        sink.run(until_idle_s=0)  # drain what arrived after the thread's last poll
-    bus.close()
-    result = {
-        "events": counts.events,
-        "trajectories": counts.trajectories,
-        "turns": counts.turns,
-        "tokens": counts.tokens,
-    }
-    undelivered = getattr(bus, "undelivered", 0)
-    if args.kafka:
-        result["undelivered_messages"] = undelivered
-    if args.json:
-        print(json.dumps(result))
-    else:
-        where = f"Kafka topic {args.topic} at {args.kafka}" if args.kafka else args.lake
-        verb, to = ("generated", "for") if undelivered else ("wrote", "to")
-        print(
-            f"{verb} {counts.events} events, {counts.trajectories} trajectories, {counts.tokens} tokens {to} {where}"
-        )
-    if undelivered:
-        spool = bus.config.spool_dir / bus.topic  # type: ignore[attr-defined]
-        print(
-            f"trajlake loadgen: {undelivered} messages did not reach Kafka at {args.kafka}; they wait in "
-            f"{spool}, and the next producer of topic {bus.topic} delivers them",
-            file=sys.stderr,
-        )
-        return 1
-    return 0

@@ -3,7 +3,8 @@
 Producer: idempotent (acks=all), key = trajectory id, batch compression, oversized values
 split into chunks (`trajlake.ingest.chunking`). While the broker is unreachable, messages
 wait in the producer's bounded buffer and then in a disk spool (`trajlake.ingest.spool`)
-and are delivered once it answers again; both are logged and counted.
+and are delivered once it answers again; both are logged and counted (the producer figures of
+`trajlake.ingest.metrics`, served on the sink's `/metrics` and in the default Prometheus registry).
 
 Consumer: a consumer group without Kafka offset commits driving positions: on every
 partition assignment the sink's `on_assigned` callback seeks each partition to the offset
@@ -16,35 +17,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from trajlake.ingest import chunking, codec
-from trajlake.ingest.bus.base import Bus, BusUnreachable, Message, SourcePosition
+from trajlake.ingest.bus.base import (
+    Bus,
+    BusUnreachable,
+    Message,
+    PartitionCallback,
+    SourcePosition,
+    SpoolStats,
+)
 from trajlake.ingest.bus.inprocess import group_by_trajectory
 from trajlake.ingest.config import KafkaConfig
+from trajlake.ingest.metrics import PRODUCER_METRICS
 from trajlake.ingest.spool import Spool
 from trajlake.schemas.retry import BackoffPolicy, backoff_delay, wait_until
 
 log = logging.getLogger(__name__)
 
-try:  # producer metrics land in the default registry of whatever process serves /metrics
-    from prometheus_client import Counter, Gauge
-
-    SPOOLED = Counter(
-        "trajlake_producer_spooled_messages", "Messages spooled to disk while Kafka was unreachable"
-    )
-    REDELIVERED = Counter("trajlake_producer_redelivered_messages", "Spooled messages delivered later")
-    WAITING = Gauge("trajlake_producer_spool_waiting_messages", "Messages waiting in the disk spool")
-except ImportError:  # pragma: no cover - prometheus-client is in the kafka extra
-    SPOOLED = REDELIVERED = WAITING = None
-
-PartitionCallback = Callable[[list[int]], None]
-
 
 class KafkaBus(Bus):
-    """Publishes to and consumes from one Kafka topic."""
+    """Publishes to and consumes from one Kafka topic (a consumer group member once it polls)."""
 
     def __init__(self, config: KafkaConfig) -> None:
         self.config = config
@@ -63,13 +59,14 @@ class KafkaBus(Bus):
         self._failed_drains = 0
         self._retry_delay = config.retry_interval_s
         self._outage_since: float | None = None
-        self.undelivered = 0  # messages `close` left in the disk spool
+        self._left = SpoolStats()  # what `close` left in the disk spool
         self.on_assigned: PartitionCallback | None = None
         self.on_revoked: PartitionCallback | None = None
         self.on_lost: PartitionCallback | None = None
         self.sent_total = 0
         self.chunked_total = 0
         _redact_secrets_in_kafka_logs(config)
+        PRODUCER_METRICS.watch(self)
 
     def __repr__(self) -> str:
         return f"KafkaBus({self.config.bootstrap!r}, topic={self.topic!r})"
@@ -130,7 +127,7 @@ class KafkaBus(Bus):
         self._maybe_retry_spool()
         for part in parts:
             if len(spool):
-                spool.put(part)  # keep order: nothing overtakes what is already waiting
+                self._put(spool, part)  # keep order: nothing overtakes what is already waiting
             else:
                 self._send_now(part)
 
@@ -204,10 +201,11 @@ class KafkaBus(Bus):
                 err,
                 spool.directory,
             )
+        self._put(spool, message)
+
+    def _put(self, spool: Spool, message: Message) -> None:
         spool.put(message)
-        if SPOOLED is not None:
-            SPOOLED.inc()
-            WAITING.set(len(spool))
+        PRODUCER_METRICS.count_spooled(self.topic, 1)
 
     def _maybe_retry_spool(self, force: bool = False) -> None:
         spool = self._spool
@@ -251,9 +249,7 @@ class KafkaBus(Bus):
                 delivered.append(size)
             spool.pop(delivered)
             self.sent_total += len(delivered)
-            if REDELIVERED is not None:
-                REDELIVERED.inc(len(delivered))
-                WAITING.set(len(spool))
+            PRODUCER_METRICS.count_redelivered(self.topic, len(delivered))
             if len(delivered) < len(batch):
                 return False
         if self._outage_since is not None:
@@ -300,20 +296,16 @@ class KafkaBus(Bus):
 
     def spooled(self) -> int:
         """Messages waiting in the disk spool."""
-        return len(self._spool) if self._spool is not None else 0
+        return self.spool_stats().messages
 
-    def spool_stats(self) -> dict[str, int]:
-        """Spool counters for metrics: messages and bytes waiting, spooled, redelivered and corrupt totals."""
-        s = self._spool
+    def spool_stats(self) -> SpoolStats:
+        """The disk spool's figures; after `close`, what it left for the next producer of the topic."""
+        s = self._spool  # read once: metrics scrapes call this from their own thread
         if s is None:
-            return {"messages": 0, "bytes": 0, "spooled_total": 0, "delivered_total": 0, "corrupt_total": 0}
-        return {
-            "messages": s.messages,
-            "bytes": s.bytes,
-            "spooled_total": s.spooled_total,
-            "delivered_total": s.delivered_total,
-            "corrupt_total": s.corrupt_total,  # torn/corrupt records found on takeover (logged)
-        }
+            return self._left
+        return SpoolStats(
+            s.messages, s.bytes, s.spooled_total, s.delivered_total, s.corrupt_total, s.directory
+        )
 
     # -- consumer ------------------------------------------------------------------------
     def _ensure_consumer(self) -> Any:
@@ -444,6 +436,7 @@ class KafkaBus(Bus):
             self._close_clients()
 
     def _close_clients(self) -> None:
+        PRODUCER_METRICS.unwatch(self)
         if self._producer is not None:
             self._producer.close(timeout=5)
             self._producer = None
@@ -452,7 +445,7 @@ class KafkaBus(Bus):
             self._consumer.close(autocommit=False, timeout_ms=5000)
             self._consumer = None
         if self._spool is not None:
-            self.undelivered = len(self._spool)
+            self._left = self.spool_stats()
             if len(self._spool):
                 log.warning(
                     "%d messages left undelivered in %s; the next producer delivers them",

@@ -6,8 +6,8 @@ import pytest
 
 from trajlake.dashboards import metrics
 from trajlake.dashboards.browse import find_trajectories, trajectory_summary, trajectory_turns
-from trajlake.rollout.importers.base import ImportSession
 from trajlake.ingest.recorder import Recorder
+from trajlake.rollout.importers.base import ImportSession
 from trajlake.trainer.config import SamplerConfig
 from trajlake.trainer.reference import run_vocab_size
 from trajlake.trainer.sampler import Sampler
