@@ -16,7 +16,6 @@ from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
 from trajlake.store.lake import Lake
 
 RUN_ID = "dash-run"
-APP = Path(__file__).parents[2] / "dashboards" / "app.py"
 
 
 def build_lake(root: Path, trajectories: int = 192, trainer: bool = True, run_id: str = RUN_ID) -> Lake:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from trajlake.cli import build_parser, main
 from trajlake.dashboards import metrics
-from trajlake.dashboards.commands import streamlit_command
+from trajlake.dashboards.commands import APP, streamlit_command
 
-APP = Path(__file__).parents[2] / "dashboards" / "app.py"
 RUN = "dash-run"
 
 
