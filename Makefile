@@ -13,7 +13,7 @@ dev:  ## create/refresh the cached virtualenv with every extra (prints its path)
 lint:  ## ruff check + format check, mypy on the light packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy schemas store ingest/codec.py ingest/sink.py rollout/recorder.py rollout/loadgen.py trainer dashboards
+	$(VENV)/bin/mypy schemas store ingest/codec.py ingest/sink.py ingest/recorder.py rollout/loadgen.py trainer dashboards
 
 format:  ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .

@@ -1,7 +1,8 @@
 """The `trajlake` entry point: parse arguments, then import the heavy code a command needs.
 
 Each stage registers its commands in its own `commands.py` (`register(subparsers)`), which
-imports only argparse-level code, so `trajlake --help` stays instant.
+imports only argparse-level code and settings models, so `trajlake --help` stays instant. The
+options are generated from the models (`trajlake.schemas.settings.add_settings`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ import importlib
 import os
 import select
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+
+from trajlake.schemas.settings import DEFAULT_LAKE, SettingsError, SettingsParser, settings_error
+
+__all__ = ["DEFAULT_LAKE", "CliError", "build_parser", "main", "settings_error"]
+
+from trajlake.schemas.errors import TrajlakeError
 
 COMMAND_MODULES = (
     "trajlake.store.commands",
@@ -21,82 +27,17 @@ COMMAND_MODULES = (
     "trajlake.ingest.commands",
     "trajlake.trainer.commands",
     "trajlake.dashboards.commands",
-    "trajlake.demo_commands",
+    "trajlake.demo.commands",
 )
 
-DEFAULT_LAKE = "./trajlake-data"
 
-
-class CliError(Exception):
+class CliError(TrajlakeError):
     """A user-facing failure: printed to stderr without a traceback, exit code 2."""
-
-
-def env_default(name: str, default: str | None = None) -> str | None:
-    """The value of `TRAJLAKE_<NAME>` if set and not empty, else `default`.
-
-    For an option with `type=int` or `float` this stays a string: argparse converts it, and
-    reports a bad value, only when that command runs, so one bad variable breaks no other command.
-    """
-    return os.environ.get(f"TRAJLAKE_{name}") or default
-
-
-def add_kafka_option(parser: argparse.ArgumentParser, help: str) -> None:
-    """`--kafka HOST:PORT` (env TRAJLAKE_KAFKA): the bootstrap servers; `help` says what it switches."""
-    parser.add_argument("--kafka", default=env_default("KAFKA"), metavar="HOST:PORT", help=help)
-
-
-def add_lake_option(parser: argparse.ArgumentParser) -> None:
-    """`--lake D` (env TRAJLAKE_LAKE, default ./trajlake-data)."""
-    parser.add_argument(
-        "--lake",
-        default=env_default("LAKE", DEFAULT_LAKE),
-        help="lake root: a directory or s3://bucket/prefix (env TRAJLAKE_LAKE; default %(default)s)",
-    )
-
-
-def add_table_options(
-    parser: argparse.ArgumentParser, formats: Sequence[str] = ("table", "csv", "json")
-) -> None:
-    """`--format` (env TRAJLAKE_FORMAT, default table) and `--max-width N` for a command printing a table."""
-    parser.add_argument(
-        "--format",
-        choices=formats,
-        default=env_default("FORMAT", "table"),
-        help="output format (env TRAJLAKE_FORMAT; default %(default)s)",
-    )
-    parser.add_argument(
-        "--max-width",
-        type=int,
-        default=env_default("MAX_WIDTH"),
-        metavar="N",
-        help="cut a table to N characters, eliding middle columns; 0 = never "
-        "(env TRAJLAKE_MAX_WIDTH; default: the terminal's width, unlimited when piped)",
-    )
-
-
-def settings_error(err: Any, where: Mapping[str, str] | None = None) -> str:
-    """A pydantic `ValidationError` as one line: each bad setting, what is wrong, what it got, and
-    (from `where`: field -> the options that set it) where to change it."""
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        msg = str(e["msg"]).removeprefix("Value error, ")
-        if not loc:  # a check across several fields: its message names them
-            parts.append(msg)
-            continue
-        fix = f"; set {where[loc]}" if where and loc in where else ""
-        parts.append(f"{loc}: {msg} (got {e.get('input')!r}){fix}")
-    return "; ".join(parts)
-
-
-def add_run_option(parser: argparse.ArgumentParser, help: str = "run id (env TRAJLAKE_RUN)") -> None:
-    """`--run R` (env TRAJLAKE_RUN), required unless the env var is set."""
-    parser.add_argument("--run", default=env_default("RUN"), required=env_default("RUN") is None, help=help)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with every stage's commands registered."""
-    parser = argparse.ArgumentParser(
+    parser = SettingsParser(
         prog="trajlake",
         description="Event-sourced trajectory lakehouse for agent RL.",
     )
@@ -122,24 +63,23 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code (0 success, 1 failure, 2 usage or input error)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SettingsError as err:  # a bad option or TRAJLAKE_* value of the command that runs
+        print(err, file=sys.stderr)
+        return 2
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
     try:
         code = args.handler(args)
-    except CliError as err:
+    except TrajlakeError as err:
         print(f"trajlake {args.command}: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         if not _stdout_is_closed():  # a socket's, not ours to hide
             raise
         return _drop_stdout()  # `trajlake sql ... | head`: the reader has what it wanted
-    except Exception as err:
-        if not _names_the_fix(err):
-            raise
-        print(f"trajlake {args.command}: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"trajlake {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -168,15 +108,6 @@ def _drop_stdout() -> int:
     except (OSError, ValueError):  # stdout is no file (a test's capture): nothing will flush into the pipe
         pass
     return 141
-
-
-def _names_the_fix(err: Exception) -> bool:
-    """True for errors whose message says what to fix: a lake or a broker that could not be reached."""
-    from trajlake.ingest.bus.base import BusUnreachable
-    from trajlake.ingest.spool import SpoolFull
-    from trajlake.store.errors import LakeError
-
-    return isinstance(err, LakeError | BusUnreachable | SpoolFull)
 
 
 def run() -> None:

@@ -31,9 +31,9 @@ import pyarrow as pa
 
 from trajlake.dashboards import metrics as m
 from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
-from trajlake.rollout.recorder import Recorder
 from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
 from trajlake.store.lake import Lake
 
@@ -111,7 +111,9 @@ def build_lake(root: Path, trajectories: int, turns: int, chunk: int) -> dict[st
 
 def add_trainer(lake: Lake, steps: int, batch: int = 64, ranks: int = 8) -> None:
     """Consumed batches (as events through the sink) and per-rank trainer steps."""
-    ids = lake.sql(f"select trajectory_id from _t_trajectories where run_id = '{RUN}' order by started_at")
+    ids = lake.sql(
+        "select trajectory_id from _t_trajectories where run_id = $run order by started_at", {"run": RUN}
+    )
     ids = ids.column(0).to_pylist()
     bus = InProcessBus(topic="bench-trainer", partitions=1)
     recorder = Recorder(bus, RUN, producer_id="trainer")
@@ -201,7 +203,9 @@ def main() -> None:
         lake = Lake(root)
         if (
             lake.exists("trajectories")
-            and lake.sql(f"select count(*) from _t_trajectories where run_id = '{RUN}'").column(0)[0].as_py()
+            and lake.sql("select count(*) from _t_trajectories where run_id = $run", {"run": RUN})
+            .column(0)[0]
+            .as_py()
         ):
             print(f"reusing the lake at {root}")
         else:

@@ -32,8 +32,8 @@ TOOL_RESULT = "7 c b a"
 
 def conversations(tokenizer: Any, n: int) -> list[list[dict[str, str]]]:
     """`n` opening conversations (a system prompt and a task)."""
-    from trajlake.rollout.envs.chat_episode import opening_messages
-    from trajlake.rollout.envs.tasks import make_tasks
+    from trajlake.demo.envs.chat_episode import opening_messages
+    from trajlake.demo.envs.tasks import make_tasks
 
     return [opening_messages(task) for task in make_tasks(n, seed=11)]
 
@@ -70,10 +70,10 @@ async def run_recorded(
 ) -> tuple[float, int]:
     """(b): TITO client + chat session + Recorder + bus + lake; return (seconds, output tokens)."""
     from trajlake.ingest.bus.inprocess import InProcessBus
+    from trajlake.ingest.recorder import Recorder
     from trajlake.ingest.sink import DeltaSink, SinkConfig
     from trajlake.rollout.config import TitoConfig
     from trajlake.rollout.engine.chat import ChatSession
-    from trajlake.rollout.recorder import Recorder
     from trajlake.rollout.tito import AsyncTitoClient
     from trajlake.store.lake import Lake
 
@@ -130,8 +130,8 @@ def main() -> int:
         if args.url:
             url, model_dir, name = args.url, Path(args.model_dir), args.served_name
         else:
+            from trajlake.demo.model import init_model
             from trajlake.ingest.broker import free_port
-            from trajlake.rollout.engine.model import init_model
             from trajlake.rollout.engine.server import VllmServerConfig, start_server
 
             model_dir, name = work / "model", "tiny"

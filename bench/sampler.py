@@ -78,15 +78,16 @@ def run_plain(root: str, batches: list[list[str]]) -> tuple[float, int]:
     import pyarrow.compute as pc
 
     from trajlake.store.lake import Lake
+    from trajlake.store.sql import placeholders
 
     lake = Lake(root)
     lake.query_engine()
     tokens = 0
     started = time.perf_counter()
     for ids in batches:
-        quoted = ", ".join(f"'{i}'" for i in ids)
         table = lake.sql(
-            f"select token_ids, logprobs, loss_mask from trajectories where trajectory_id in ({quoted})"
+            f"select token_ids, logprobs, loss_mask from trajectories where trajectory_id in ({placeholders(len(ids))})",
+            list(ids),
         )
         tokens += int(pc.sum(pc.list_value_length(table.column("token_ids"))).as_py() or 0)
     seconds = time.perf_counter() - started

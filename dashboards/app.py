@@ -1,18 +1,16 @@
 """The trajlake Streamlit app (`trajlake dashboard` runs `streamlit run` on this file).
 
-Settings come from the environment, which `trajlake dashboard` sets from its options:
-TRAJLAKE_LAKE (lake root), TRAJLAKE_TOKENIZER (a tokenizers JSON file, optional),
-TRAJLAKE_SUCCESS_THRESHOLD (reward at or above which a sample passes). The page is in the
-URL (`?page=entropy`), so a page can be linked and opened directly.
+Settings are `AppSettings` (lake root, tokenizer, success threshold), read from the environment
+that `trajlake dashboard` sets from its options. The page is in the URL (`?page=entropy`), so a
+page can be linked and opened directly.
 """
 
 from __future__ import annotations
 
-import os
-
 import streamlit as st
 
 from trajlake.dashboards import metrics
+from trajlake.dashboards.config import AppSettings
 from trajlake.dashboards.views import (
     async_health,
     behaviour,
@@ -74,7 +72,8 @@ def choose_versions(lake, run_id: str) -> tuple[int, int] | None:
 
 def main() -> None:
     st.set_page_config(page_title="trajlake", page_icon=":material/monitoring:", layout="wide")
-    root = os.environ.get("TRAJLAKE_LAKE", "./trajlake-data")
+    settings = AppSettings.from_env()
+    root = settings.lake
     st.sidebar.title("trajlake")
     page = choose_page()
     try:
@@ -92,14 +91,14 @@ def main() -> None:
     versions = choose_versions(lake, run_id)
     threshold = st.sidebar.number_input(
         "Pass threshold (reward ≥)",
-        value=float(os.environ.get("TRAJLAKE_SUCCESS_THRESHOLD", metrics.DEFAULT_SUCCESS_THRESHOLD)),
+        value=settings.success_threshold,
         step=0.1,
         key="threshold",
     )
     if st.sidebar.button("Refresh", help="Reread the lake now instead of within 15 s"):
         st.cache_data.clear()
     st.sidebar.caption(f"Lake: `{root}`")
-    ctx = PageContext(root, run_id, versions, float(threshold), os.environ.get("TRAJLAKE_TOKENIZER") or None)
+    ctx = PageContext(root, run_id, versions, float(threshold), settings.tokenizer or None)
     PAGES[page][1](ctx)
 
 

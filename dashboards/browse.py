@@ -13,7 +13,6 @@ from trajlake.dashboards.query import (
     TRAJECTORIES,
     TURNS,
     VersionRange,
-    literal,
     query,
     versions_clause,
 )
@@ -36,25 +35,30 @@ def find_trajectories(
     limit: int = 200,
 ) -> pa.Table:
     """Trajectories of a run matching the filters, newest first (scalar columns only)."""
-    clauses = ["run_id = :run", versions_clause(versions)]
+    clauses = ["run_id = $run", versions_clause(versions)]
+    params: dict[str, Any] = {"run": run_id}
     if status:
-        clauses.append("status IN (" + ", ".join(literal(s) for s in status) + ")")
+        clauses.append("list_contains($status, status)")
+        params["status"] = list(status)
     if failure_origin:
         origins = [o for o in failure_origin if o != "none"]
-        parts = (
-            ["failure_origin IN (" + ", ".join(literal(o) for o in origins) + ")"] if origins else []
-        ) + (["failure_origin IS NULL"] if "none" in failure_origin else [])
+        parts = (["list_contains($origins, failure_origin)"] if origins else []) + (
+            ["failure_origin IS NULL"] if "none" in failure_origin else []
+        )
+        if origins:
+            params["origins"] = origins
         clauses.append("(" + " OR ".join(parts) + ")")
     if task_contains:
-        clauses.append("contains(task_id, :task)")
+        clauses.append("contains(task_id, $task)")
+        params["task"] = task_contains
     if reward_range is not None:
-        clauses.append(f"reward BETWEEN {float(reward_range[0])} AND {float(reward_range[1])}")
+        clauses.append("reward BETWEEN $reward_low AND $reward_high")
+        params.update(reward_low=float(reward_range[0]), reward_high=float(reward_range[1]))
     return query(
         lake,
         f"""SELECT {BROWSER_COLUMNS} FROM {TRAJECTORIES} WHERE {" AND ".join(clauses)}
             ORDER BY started_at DESC NULLS LAST, trajectory_id LIMIT {int(limit)}""",
-        run=run_id,
-        task=task_contains,
+        **params,
     )
 
 
@@ -62,7 +66,7 @@ def trajectory_summary(lake: Any, run_id: str, trajectory_id: str) -> dict[str, 
     """Every scalar column of one trajectory, or None if it is not in the lake."""
     table = query(
         lake,
-        f"SELECT * FROM {TRAJECTORIES} WHERE run_id = :run AND trajectory_id = :traj",
+        f"SELECT * FROM {TRAJECTORIES} WHERE run_id = $run AND trajectory_id = $traj",
         run=run_id,
         traj=trajectory_id,
     )
@@ -77,8 +81,8 @@ def trajectory_turns(lake: Any, run_id: str, trajectory_id: str) -> pa.Table:
                    t.context_used_fraction, t.nudged, t.tito_drift, t.latency_s, t.sum_logprob,
                    e.input_token_ids, e.output_token_ids, e.output_logprobs, e.loss_mask
             FROM {TURNS} t JOIN {EVENTS} e ON e.event_id = t.event_id
-                 AND e.trajectory_id = :traj AND e.event_type = 'turn'
-            WHERE t.run_id = :run AND t.trajectory_id = :traj ORDER BY t.seq""",
+                 AND e.trajectory_id = $traj AND e.event_type = 'turn'
+            WHERE t.run_id = $run AND t.trajectory_id = $traj ORDER BY t.seq""",
         run=run_id,
         traj=trajectory_id,
     )
@@ -90,7 +94,7 @@ def trajectory_tool_calls(lake: Any, run_id: str, trajectory_id: str) -> pa.Tabl
         lake,
         f"""SELECT call_seq, tool_name, arguments, is_code_execution, ok, error_type, timed_out, truncated,
                    retries, output_tokens, latency_s
-            FROM {TOOL_CALLS} WHERE run_id = :run AND trajectory_id = :traj ORDER BY call_seq""",
+            FROM {TOOL_CALLS} WHERE run_id = $run AND trajectory_id = $traj ORDER BY call_seq""",
         run=run_id,
         traj=trajectory_id,
     )

@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trajlake.cli import CliError, add_lake_option, add_run_option, add_table_options, env_default
+from trajlake.cli import CliError
+from trajlake.dashboards.config import AppSettings, ServeSettings, ThresholdSettings
+from trajlake.schemas.settings import FormatSettings, LakeSettings, RunSettings, add_settings, env_name
 
 APP = Path(__file__).with_name("app.py")
 TABLE_COLUMNS = (
@@ -37,42 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "dashboard", help="the Streamlit app: pass@k, entropy, behaviour, failures, async health"
     )
-    add_lake_option(p)
-    p.add_argument(
-        "--host",
-        default=env_default("HOST", "127.0.0.1"),
-        help="address to bind (env TRAJLAKE_HOST; default %(default)s, this machine only)",
-    )
-    p.add_argument(
-        "--port",
-        type=int,
-        default=int(env_default("PORT", "8501") or 8501),
-        help="port to serve on (env TRAJLAKE_PORT; default %(default)s)",
-    )
-    p.add_argument(
-        "--tokenizer",
-        default=env_default("TOKENIZER"),
-        metavar="TOKENIZER_JSON",
-        help="a Hugging Face tokenizers JSON file to decode tokens in the browser (env TRAJLAKE_TOKENIZER)",
-    )
-    _add_threshold(p)
+    add_settings(p, AppSettings)
+    add_settings(p, ServeSettings)
     p.set_defaults(handler=run_dashboard)
 
     p = subparsers.add_parser("metrics", help="the dashboard's figures per policy version")
-    add_lake_option(p)
-    add_run_option(p)
-    add_table_options(p)
-    _add_threshold(p)
+    add_settings(p, LakeSettings)
+    add_settings(p, RunSettings)
+    add_settings(p, FormatSettings)
+    add_settings(p, ThresholdSettings)
     p.set_defaults(handler=run_metrics)
-
-
-def _add_threshold(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--success-threshold",
-        type=float,
-        default=float(env_default("SUCCESS_THRESHOLD", "1.0") or 1.0),
-        help="a sample passes when its reward is >= this (env TRAJLAKE_SUCCESS_THRESHOLD; default %(default)s)",
-    )
 
 
 def _check_lake(root: str) -> None:
@@ -105,9 +81,14 @@ def run_dashboard(args: argparse.Namespace) -> int:
         raise CliError(
             f"tokenizer file {args.tokenizer} not found; pass the path of a tokenizer.json or drop --tokenizer"
         )
-    env = dict(os.environ, TRAJLAKE_LAKE=args.lake, TRAJLAKE_SUCCESS_THRESHOLD=str(args.success_threshold))
-    if args.tokenizer:
-        env["TRAJLAKE_TOKENIZER"] = str(Path(args.tokenizer).resolve())
+    app: AppSettings = args.AppSettings
+    if app.tokenizer:
+        app = app.model_copy(update={"tokenizer": str(Path(app.tokenizer).resolve())})
+    # the app reads its settings (AppSettings) from the environment the child inherits
+    env = dict(os.environ)
+    for name, value in app.model_dump().items():
+        if value is not None:
+            env[env_name(AppSettings, name)] = str(value)
     print(
         f"trajlake dashboard: serving {args.lake} on http://{args.host}:{args.port}",
         file=sys.stderr,
@@ -136,9 +117,9 @@ def run_metrics(args: argparse.Namespace) -> int:
     _check_lake(args.lake)
     lake = Lake(args.lake)
     runs = metrics.runs(lake)
-    if args.run not in runs:
-        raise CliError(f"run {args.run!r} is not in {args.lake}; runs there: {', '.join(runs) or 'none'}")
-    report = metrics.metrics_report(lake, args.run, args.success_threshold)
+    if args.run_id not in runs:
+        raise CliError(f"run {args.run_id!r} is not in {args.lake}; runs there: {', '.join(runs) or 'none'}")
+    report = metrics.metrics_report(lake, args.run_id, args.success_threshold)
     if args.format == "json":  # the whole report: the table's rows and pass@k
         print(json.dumps(report, indent=2, default=str))
         return 0

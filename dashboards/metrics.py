@@ -24,6 +24,7 @@ from trajlake.dashboards.browse import (
     trajectory_tool_calls,
     trajectory_turns,
 )
+from trajlake.dashboards.config import DEFAULT_SUCCESS_THRESHOLD
 from trajlake.dashboards.passk import MAX_K, mean_pass_at_k, pass_at_k
 from trajlake.dashboards.query import (
     EVENTS,
@@ -33,7 +34,6 @@ from trajlake.dashboards.query import (
     TURNS,
     VersionRange,
     bucket_width,
-    literal,
     query,
     rows,
     scored,
@@ -57,8 +57,6 @@ __all__ = [
 MISMATCH_THRESHOLD = 0.03
 """Healthy train/inference logprob mismatch: mean absolute difference below this."""
 
-DEFAULT_SUCCESS_THRESHOLD = 1.0
-
 
 # -- selectors --------------------------------------------------------------------------------
 def runs(lake: Any) -> list[str]:
@@ -73,7 +71,7 @@ def policy_versions(lake: Any, run_id: str) -> list[int]:
     """Policy versions that started trajectories of the run, ascending."""
     table = query(
         lake,
-        f"SELECT DISTINCT policy_version_min AS v FROM {TRAJECTORIES} WHERE run_id = :run AND v IS NOT NULL ORDER BY v",
+        f"SELECT DISTINCT policy_version_min AS v FROM {TRAJECTORIES} WHERE run_id = $run AND v IS NOT NULL ORDER BY v",
         run=run_id,
     )
     return table.column("v").to_pylist()
@@ -90,7 +88,7 @@ def task_outcomes(
     return query(
         lake,
         f"""SELECT policy_version_min AS policy_version, task_id, count(*) AS n,
-                   count(*) FILTER (WHERE reward >= :threshold) AS c, avg(reward) AS reward_mean
+                   count(*) FILTER (WHERE reward >= $threshold) AS c, avg(reward) AS reward_mean
             FROM {TRAJECTORIES} WHERE {scored(versions)}
             GROUP BY ALL ORDER BY policy_version, task_id""",
         run=run_id,
@@ -108,7 +106,7 @@ def pass_at_k_curve(
     """pass@k for k = 1..max_k: per task from all its scored samples in `versions`, averaged over tasks."""
     outcomes = query(
         lake,
-        f"""SELECT task_id, count(*) AS n, count(*) FILTER (WHERE reward >= :threshold) AS c
+        f"""SELECT task_id, count(*) AS n, count(*) FILTER (WHERE reward >= $threshold) AS c
             FROM {TRAJECTORIES} WHERE {scored(versions)} GROUP BY task_id""",
         run=run_id,
         threshold=float(success_threshold),
@@ -136,7 +134,7 @@ def overview_by_version(
                    count(*) FILTER (WHERE failure_origin = 'system') AS n_system_failures,
                    count(*) FILTER (WHERE failure_origin = 'model') AS n_model_failures
             FROM {TRAJECTORIES}
-            WHERE run_id = :run AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
+            WHERE run_id = $run AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
             GROUP BY ALL ORDER BY policy_version""",
         run=run_id,
     )
@@ -158,7 +156,7 @@ def rollout_entropy(lake: Any, run_id: str, versions: VersionRange = None) -> pa
         lake,
         f"""SELECT policy_version, -sum(sum_logprob) / nullif(sum(n_output_tokens), 0) AS entropy,
                    sum(n_output_tokens)::BIGINT AS n_tokens, count(*) AS n_turns
-            FROM {TURNS} WHERE run_id = :run AND {versions_clause(versions, "policy_version")}
+            FROM {TURNS} WHERE run_id = $run AND {versions_clause(versions, "policy_version")}
             GROUP BY policy_version ORDER BY policy_version""",
         run=run_id,
     )
@@ -169,7 +167,7 @@ def trainer_entropy(lake: Any, run_id: str) -> pa.Table:
     return query(
         lake,
         """SELECT step, max(trainer_version) AS trainer_version, avg(entropy) AS entropy
-           FROM trainer_steps WHERE run_id = :run AND entropy IS NOT NULL GROUP BY step ORDER BY step""",
+           FROM trainer_steps WHERE run_id = $run AND entropy IS NOT NULL GROUP BY step ORDER BY step""",
         run=run_id,
     )
 
@@ -189,7 +187,7 @@ def behaviour_by_version(lake: Any, run_id: str, versions: VersionRange = None) 
                    avg(n_nudges) AS nudges_per_trajectory,
                    avg(CASE WHEN tito_drift THEN 1.0 ELSE 0.0 END) AS tito_drift_rate
             FROM {TRAJECTORIES}
-            WHERE run_id = :run AND finished AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
+            WHERE run_id = $run AND finished AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
             GROUP BY ALL ORDER BY policy_version""",
         run=run_id,
     )
@@ -200,7 +198,7 @@ def turns_histogram(lake: Any, run_id: str, versions: VersionRange = None) -> pa
     return query(
         lake,
         f"""SELECT n_turns, count(*) AS n_trajectories FROM {TRAJECTORIES}
-            WHERE run_id = :run AND finished AND {versions_clause(versions)} GROUP BY n_turns ORDER BY n_turns""",
+            WHERE run_id = $run AND finished AND {versions_clause(versions)} GROUP BY n_turns ORDER BY n_turns""",
         run=run_id,
     )
 
@@ -214,7 +212,7 @@ def tool_stats(lake: Any, run_id: str, versions: VersionRange = None) -> pa.Tabl
                    sum(c.retries)::BIGINT AS n_retries, avg(c.latency_s) AS latency_s_mean,
                    bool_or(c.is_code_execution) AS is_code_execution
             FROM {TOOL_CALLS} c {version_join(versions, "c")}
-            WHERE c.run_id = :run AND c.has_result GROUP BY c.tool_name ORDER BY n_calls DESC, c.tool_name""",
+            WHERE c.run_id = $run AND c.has_result GROUP BY c.tool_name ORDER BY n_calls DESC, c.tool_name""",
         run=run_id,
     )
 
@@ -222,7 +220,7 @@ def tool_stats(lake: Any, run_id: str, versions: VersionRange = None) -> pa.Tabl
 # -- failures ---------------------------------------------------------------------------------
 def failures_over_time(lake: Any, run_id: str, versions: VersionRange = None) -> pa.Table:
     """Finished trajectories per time bucket and outcome: `system`, `model` failure, or `ok`."""
-    where = f"run_id = :run AND finished AND finished_at IS NOT NULL AND {versions_clause(versions)}"
+    where = f"run_id = $run AND finished AND finished_at IS NOT NULL AND {versions_clause(versions)}"
     return query(
         lake,
         f"""SELECT {time_buckets("finished_at")}, coalesce(failure_origin, 'ok') AS origin, count(*) AS n_trajectories
@@ -242,7 +240,7 @@ def failures_by(lake: Any, run_id: str, dimension: str, versions: VersionRange =
     return query(
         lake,
         f"""WITH f AS (SELECT coalesce({column}, '(none)') AS {dimension}, failure_origin
-                       FROM {TRAJECTORIES} WHERE run_id = :run AND finished AND {versions_clause(versions)})
+                       FROM {TRAJECTORIES} WHERE run_id = $run AND finished AND {versions_clause(versions)})
             SELECT {dimension}, failure_origin AS origin, count(*) AS n_trajectories,
                    count(*) / (SELECT count(*) FROM f) AS share
             FROM f WHERE failure_origin IS NOT NULL GROUP BY ALL ORDER BY n_trajectories DESC, {dimension}, origin""",
@@ -257,7 +255,7 @@ def tool_failures(lake: Any, run_id: str, versions: VersionRange = None) -> pa.T
         f"""SELECT c.tool_name, coalesce(c.error_type, CASE WHEN c.timed_out THEN 'timeout' ELSE 'unknown' END)
                    AS error_type, count(*) AS n_calls
             FROM {TOOL_CALLS} c {version_join(versions, "c")}
-            WHERE c.run_id = :run AND c.has_result AND NOT c.ok GROUP BY ALL ORDER BY n_calls DESC, c.tool_name""",
+            WHERE c.run_id = $run AND c.has_result AND NOT c.ok GROUP BY ALL ORDER BY n_calls DESC, c.tool_name""",
         run=run_id,
     )
 
@@ -267,7 +265,7 @@ def dead_letter_reasons(lake: Any, run_id: str) -> pa.Table:
     return query(
         lake,
         """SELECT reason, count(*) AS n_dead_letters, max(received_at) AS last_received_at FROM dead_letters
-           WHERE run_id = :run OR run_id IS NULL GROUP BY reason ORDER BY n_dead_letters DESC, reason""",
+           WHERE run_id = $run OR run_id IS NULL GROUP BY reason ORDER BY n_dead_letters DESC, reason""",
         run=run_id,
     )
 
@@ -278,7 +276,7 @@ def recent_dead_letters(lake: Any, run_id: str, limit: int = 50) -> pa.Table:
         lake,
         f"""SELECT received_at, source, topic, "partition", "offset", event_type, trajectory_id, reason,
                    octet_length(raw) AS raw_bytes
-            FROM dead_letters WHERE run_id = :run OR run_id IS NULL ORDER BY received_at DESC LIMIT {int(limit)}""",
+            FROM dead_letters WHERE run_id = $run OR run_id IS NULL ORDER BY received_at DESC LIMIT {int(limit)}""",
         run=run_id,
     )
 
@@ -289,7 +287,7 @@ def staleness_distribution(lake: Any, run_id: str) -> pa.Table:
     return query(
         lake,
         """SELECT staleness, count(*) AS n_trajectories FROM batch_consumption
-           WHERE run_id = :run GROUP BY staleness ORDER BY staleness""",
+           WHERE run_id = $run GROUP BY staleness ORDER BY staleness""",
         run=run_id,
     )
 
@@ -324,7 +322,7 @@ def buffer_composition(
         raise ValueError(
             f"by must be 'difficulty' or 'length' and source 'arrivals' or 'consumption' (got {by!r}, {source!r})"
         )
-    difficulty = f"""(SELECT task_id, avg(CASE WHEN reward >= :threshold THEN 1.0 ELSE 0.0 END) AS pass_rate
+    difficulty = f"""(SELECT task_id, avg(CASE WHEN reward >= $threshold THEN 1.0 ELSE 0.0 END) AS pass_rate
                       FROM {TRAJECTORIES} WHERE {scored()} GROUP BY task_id) d"""
     if source == "consumption":
         return query(
@@ -332,17 +330,17 @@ def buffer_composition(
             f"""SELECT b.step, {category} AS category, count(*) AS n_trajectories
                 FROM batch_consumption b JOIN {TRAJECTORIES} t ON t.trajectory_id = b.trajectory_id
                 LEFT JOIN {difficulty} ON d.task_id = t.task_id
-                WHERE b.run_id = :run GROUP BY ALL ORDER BY b.step, category""",
+                WHERE b.run_id = $run GROUP BY ALL ORDER BY b.step, category""",
             run=run_id,
             threshold=float(success_threshold),
         )
-    where = "run_id = :run AND finished AND finished_at IS NOT NULL"
+    where = "run_id = $run AND finished AND finished_at IS NOT NULL"
     return query(
         lake,
         f"""SELECT {time_buckets("t.finished_at")}, {category} AS category, count(*) AS n_trajectories
             FROM {TRAJECTORIES} t LEFT JOIN {difficulty} ON d.task_id = t.task_id,
                  {bucket_width(TRAJECTORIES, "finished_at", where)}
-            WHERE t.run_id = :run AND t.finished AND t.finished_at IS NOT NULL
+            WHERE t.run_id = $run AND t.finished AND t.finished_at IS NOT NULL
             GROUP BY ALL ORDER BY bucket_start, category""",
         run=run_id,
         threshold=float(success_threshold),
@@ -354,7 +352,7 @@ def logprob_mismatch(lake: Any, run_id: str) -> pa.Table:
     return query(
         lake,
         f"""SELECT step, avg(mismatch) AS mismatch, avg(mismatch) < {MISMATCH_THRESHOLD} AS healthy
-            FROM trainer_steps WHERE run_id = :run AND mismatch IS NOT NULL GROUP BY step ORDER BY step""",
+            FROM trainer_steps WHERE run_id = $run AND mismatch IS NOT NULL GROUP BY step ORDER BY step""",
         run=run_id,
     )
 
@@ -379,20 +377,19 @@ def ingest_lag(lake: Any, run_id: str) -> pa.Table:
     try:
         con.execute("SET threads TO 2")
         con.register("written", pa.table({"file": list(written), "written_ms": list(written.values())}))
-        files = "[" + ", ".join(literal(f) for f in written) + "]"
-        where = f"e.run_id = {literal(run_id)}"
         return (
             con.sql(
                 f"""WITH lag AS (
                     SELECT e.event_time, (w.written_ms / 1000.0) - epoch(e.event_time) AS lag_s
-                    FROM read_parquet({files}, filename = true) e JOIN written w ON w.file = e.filename
-                    WHERE {where})
+                    FROM read_parquet($files, filename = true) e JOIN written w ON w.file = e.filename
+                    WHERE e.run_id = $run)
                 SELECT to_timestamp(floor(epoch(event_time) / w.width) * w.width) AS bucket_start,
                        count(*) AS n_events, quantile_cont(lag_s, 0.5) AS lag_p50_s,
                        quantile_cont(lag_s, 0.95) AS lag_p95_s, max(lag_s) AS lag_max_s
                 FROM lag, (SELECT greatest(1, ceil((epoch(max(event_time)) - epoch(min(event_time)) + 1)
                                                    / {TIME_BUCKETS})) AS width FROM lag) w
-                GROUP BY ALL ORDER BY bucket_start"""
+                GROUP BY ALL ORDER BY bucket_start""",
+                params={"files": list(written), "run": run_id},
             )
             .to_arrow_table()
             .cast(schema)
@@ -415,7 +412,7 @@ def freshness_s(lake: Any, run_id: str) -> float | None:
     """Seconds since the run's latest event (None for a run without events)."""
     table = query(
         lake,
-        f"SELECT epoch(now()) - epoch(max(event_time)) AS s FROM {EVENTS} WHERE run_id = :run",
+        f"SELECT epoch(now()) - epoch(max(event_time)) AS s FROM {EVENTS} WHERE run_id = $run",
         run=run_id,
     )
     return table.column("s")[0].as_py()

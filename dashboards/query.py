@@ -1,13 +1,10 @@
-"""SQL helpers shared by the metric queries: parameter binding, table names, common clauses."""
+"""SQL helpers shared by the metric queries: running with parameters, table names, common clauses."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pyarrow as pa
-
-from trajlake.store.sql import sql_string
 
 VersionRange = tuple[int, int] | None
 
@@ -24,27 +21,12 @@ TOOL_CALLS = "_t_tool_calls"
 EVENTS = "_t_events"
 
 
-def literal(value: Any) -> str:
-    """A Python value as a DuckDB SQL literal (strings quoted and escaped)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, int | float):
-        return repr(value)
-    return sql_string(str(value))
-
-
 def query(lake: Any, sql: str, **params: Any) -> pa.Table:
-    """Run read-only SQL on the lake with `:name` placeholders bound to quoted literals."""
+    """Run read-only SQL on the lake; DuckDB binds each `$name` placeholder to `params[name]`.
 
-    def bind(match: re.Match) -> str:
-        name = match.group(1)
-        if name not in params:
-            raise KeyError(f"query parameter :{name} is not bound; pass {name}=...")
-        return literal(params[name])
-
-    return lake.sql(re.sub(r"(?<![:\w]):([a-z_]+)\b", bind, sql))
+    Every parameter passed must appear in `sql` (DuckDB refuses extra ones).
+    """
+    return lake.sql(sql, params or None)
 
 
 def versions_clause(versions: VersionRange, column: str = "policy_version_min") -> str:
@@ -56,9 +38,9 @@ def versions_clause(versions: VersionRange, column: str = "policy_version_min") 
 
 
 def scored(versions: VersionRange = None) -> str:
-    """The WHERE clause of scored trajectories of run `:run` (see trajlake.dashboards.metrics)."""
+    """The WHERE clause of scored trajectories of run `$run` (see trajlake.dashboards.metrics)."""
     return (
-        "run_id = :run AND finished AND reward IS NOT NULL "
+        "run_id = $run AND finished AND reward IS NOT NULL "
         f"AND coalesce(failure_origin, '') <> 'system' AND {versions_clause(versions)}"
     )
 

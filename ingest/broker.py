@@ -12,16 +12,22 @@ import base64
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from trajlake.schemas.errors import TrajlakeError
+from trajlake.schemas.retry import wait_until
+from trajlake.schemas.settings import Settings
+from trajlake.schemas.settings import cache_dir as cache_root
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +58,14 @@ rootLogger.appenderRef.file.ref = file
 """
 
 
-class BrokerError(RuntimeError):
+class BrokerError(TrajlakeError, RuntimeError):
     """The local broker could not be fetched, started or stopped; the message says why and what to do."""
 
 
-class BrokerConfig(BaseModel):
+class BrokerConfig(Settings):
     """Settings of the local development broker."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_KAFKA_")
 
     port: int = Field(9092, ge=1, le=65535, description="client (PLAINTEXT) port on 127.0.0.1")
     controller_port: int | None = Field(
@@ -67,7 +73,12 @@ class BrokerConfig(BaseModel):
     )
     data_dir: Path = Field(Path("./trajlake-kafka"), description="KRaft storage, config, logs and pid file")
     version: str = Field(KAFKA_VERSION, description="Apache Kafka version fetched from Maven Central")
-    partitions: int = Field(4, ge=1, description="default partitions of auto-created topics")
+    partitions: int = Field(
+        4,
+        ge=1,
+        validation_alias="TRAJLAKE_KAFKA_BROKER_PARTITIONS",
+        description="default partitions of auto-created topics",
+    )
     heap: str = Field("512m", description="JVM max heap (-Xmx)")
     log_level: str = Field("WARN", description="broker log4j root level")
     start_timeout_s: float = Field(120.0, gt=0, description="how long to wait for the broker to answer")
@@ -81,7 +92,7 @@ class BrokerConfig(BaseModel):
 
 def cache_dir(version: str = KAFKA_VERSION) -> Path:
     """Where the broker's jars are cached (env TRAJLAKE_CACHE_DIR overrides ~/.cache/trajlake)."""
-    root = Path(os.environ.get("TRAJLAKE_CACHE_DIR", Path.home() / ".cache" / "trajlake"))
+    root = cache_root()
     return root / "kafka" / version
 
 
@@ -277,23 +288,22 @@ def wait_until_ready(bootstrap: str, timeout_s: float = 60.0, proc: subprocess.P
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    deadline = time.monotonic() + timeout_s
     host, port = bootstrap.rsplit(":", 1)
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         if proc is not None and proc.poll() is not None:
             raise BrokerError(f"the broker exited with code {proc.returncode}; see broker.out and server.log")
-        if _port_open(int(port), host):
-            try:
-                admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-                try:
-                    admin.describe_cluster()
-                    return
-                finally:
-                    admin.close()
-            except KafkaError:
-                pass
-        time.sleep(0.25)
-    raise BrokerError(f"the broker at {bootstrap} did not answer within {timeout_s:.0f} s")
+        if not _port_open(int(port), host):
+            return False
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        try:
+            admin.describe_cluster()
+            return True
+        finally:
+            admin.close()
+
+    if not wait_until(answers, timeout_s=timeout_s, interval_s=0.25, retry_on=KafkaError):
+        raise BrokerError(f"the broker at {bootstrap} did not answer within {timeout_s:.0f} s")
 
 
 def stop_broker(data_dir: Path, timeout_s: float = 30.0) -> bool:
@@ -304,14 +314,10 @@ def stop_broker(data_dir: Path, timeout_s: float = 30.0) -> bool:
         (data / PID_FILE).unlink(missing_ok=True)
         return False
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.1)
-    if _alive(pid):
+    if not wait_until(lambda: not _alive(pid), timeout_s=timeout_s, interval_s=0.1):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
-            time.sleep(0.05)
+        wait_until(lambda: not _alive(pid), timeout_s=math.inf, interval_s=0.05)
     (data / PID_FILE).unlink(missing_ok=True)
     return True
 
@@ -322,8 +328,7 @@ def kill_broker(data_dir: Path) -> None:
     pid = read_pid(data)
     if pid is not None:
         os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
-            time.sleep(0.05)
+        wait_until(lambda: not _alive(pid), timeout_s=math.inf, interval_s=0.05)
     (data / PID_FILE).unlink(missing_ok=True)
 
 

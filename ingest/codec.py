@@ -15,13 +15,14 @@ from typing import Any
 import pyarrow as pa
 
 from trajlake.schemas import EventError, conform, events_to_table, try_events_to_table
+from trajlake.schemas.errors import TrajlakeError
 
 ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 JSON_CONTENT_TYPE = "application/json"
 CONTENT_TYPE_HEADER = "content-type"
 
 
-class DecodeError(ValueError):
+class DecodeError(TrajlakeError, ValueError):
     """A message whose bytes cannot be read as events; it goes to dead letters with this reason."""
 
 

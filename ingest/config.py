@@ -1,12 +1,14 @@
-"""Settings of the Kafka transport (`KafkaConfig`), read from arguments or TRAJLAKE_KAFKA_* env vars."""
+"""Settings of the transport: Kafka (`KafkaConfig`, TRAJLAKE_KAFKA_* env vars) and the sink (`SinkConfig`, `IngestSettings`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from trajlake.schemas.settings import Settings, cache_dir, cli
 
 DEFAULT_TOPIC = "trajlake-events"
 DEFAULT_GROUP = "trajlake-sink"
@@ -14,20 +16,24 @@ DEFAULT_GROUP = "trajlake-sink"
 
 def default_spool_dir() -> Path:
     """Where producers spool messages while the broker is unreachable."""
-    root = Path(os.environ.get("TRAJLAKE_CACHE_DIR", Path.home() / ".cache" / "trajlake"))
-    return root / "spool"
+    return cache_dir() / "spool"
 
 
-class KafkaConfig(BaseModel):
-    """How to reach Kafka, and how the producer and consumer behave."""
+class KafkaConfig(Settings):
+    """How to reach Kafka, and how the producer and consumer behave (env TRAJLAKE_KAFKA_<FIELD>)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_KAFKA_")
 
     bootstrap: str = Field(
         "127.0.0.1:9092", min_length=1, description="HOST:PORT[,HOST:PORT…] of the cluster"
     )
     topic: str = Field(DEFAULT_TOPIC, min_length=1, description="topic that carries events")
-    group_id: str = Field(DEFAULT_GROUP, min_length=1, description="consumer group of the sink processes")
+    group_id: str = Field(
+        DEFAULT_GROUP,
+        min_length=1,
+        description="consumer group shared by all sink processes",
+        json_schema_extra=cli("--group"),
+    )
     group_instance_id: str | None = Field(
         None,
         description="static group membership: a restarted sink with the same id gets its partitions back at once",
@@ -136,17 +142,6 @@ class KafkaConfig(BaseModel):
             raise ValueError("; ".join(problems))
         return self
 
-    @classmethod
-    def from_env(cls, **overrides: Any) -> KafkaConfig:
-        """Config from TRAJLAKE_KAFKA_<FIELD> env vars (TRAJLAKE_KAFKA_BOOTSTRAP, …), then `overrides`."""
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            env = os.environ.get(f"TRAJLAKE_KAFKA_{name.upper()}")
-            if env is not None:
-                values[name] = env
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
-
     def compression_type(self) -> str | None:
         """The kafka-python `compression_type` this config resolves to."""
         from kafka import codec
@@ -182,3 +177,67 @@ class KafkaConfig(BaseModel):
             if self.ssl_password is not None:
                 kwargs["ssl_password"] = self.ssl_password.get_secret_value()
         return kwargs
+
+
+class SinkConfig(Settings):
+    """When the sink flushes, and what it does on each flush."""
+
+    max_rows: int = Field(50_000, ge=1, description="Flush once this many events are buffered.")
+    max_bytes: int = Field(128 << 20, ge=1 << 10, description="Flush once buffered messages reach this size.")
+    max_latency_s: float = Field(
+        1.0,
+        gt=0,
+        validation_alias="TRAJLAKE_MAX_LATENCY",
+        description="Flush buffered events at least every S seconds.",
+        json_schema_extra=cli("--max-latency", metavar="S"),
+    )
+    poll_max_messages: int = Field(500, ge=1, description="Messages taken per poll.")
+    poll_timeout_s: float = Field(0.2, gt=0, description="How long one poll waits for a first message.")
+    flush_when_idle: bool = Field(
+        True, description="Flush as soon as a poll returns nothing new or the bus has handed over all it has."
+    )
+    min_flush_bytes: int = Field(
+        4 << 20,
+        ge=0,
+        description="Flush this much whenever no commit is running; less waits for idleness or max_latency_s.",
+    )
+    min_commit_interval_s: float = Field(
+        0.2,
+        ge=0,
+        description="Least time from one flush to an idle flush of a small batch (bounds commits of a trickle).",
+    )
+    exactly_once: bool = Field(
+        True,
+        description="Store offsets in the Delta log and resume from them (--no-exactly-once: benchmarks only).",
+        json_schema_extra=cli("--no-exactly-once"),
+    )
+    update_projections: bool = Field(True, description="Advance projections after every events commit.")
+    seq_cache_trajectories: int = Field(
+        200_000, ge=0, description="Trajectories whose seqs are kept to detect duplicates."
+    )
+    chunk_max_gap: int = Field(
+        5000,
+        ge=1,
+        description="Messages a partition may carry past an incomplete chunk set before it is dead-lettered.",
+    )
+
+
+class IngestSettings(Settings):
+    """`trajlake ingest`: how long it runs and how it reports."""
+
+    until_idle: float | None = Field(
+        None,
+        ge=0,
+        description="exit after S seconds without new messages; unset: run until SIGTERM",
+        json_schema_extra=cli(metavar="S"),
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="serve Prometheus metrics on this port (0 = any free port); unset: off",
+    )
+    metrics_host: str = Field("127.0.0.1", description="address of the metrics endpoint")
+    log_interval: float = Field(
+        10.0, gt=0, description="seconds between progress log lines", json_schema_extra=cli(metavar="S")
+    )

@@ -1,24 +1,79 @@
-"""Sink metrics: a Prometheus endpoint and a periodic log line (lag, throughput, dead letters).
+"""Metrics: a Prometheus endpoint and a periodic log line (lag, throughput, dead letters, spool).
 
-Figures are read from the sink's running totals at scrape time; consumer lag is refreshed
+Sink figures are read from the sink's running totals at scrape time; consumer lag is refreshed
 by the sink's own loop (`SinkMetrics.tick`), because the Kafka consumer is not thread-safe.
+Producer figures (`PRODUCER_METRICS`) are process-wide, per topic: the sink's `/metrics` serves
+them, and so does the default Prometheus registry, for a producer process with its own exporter.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trajlake.ingest.bus.base import Publisher
+    from trajlake.ingest.sink import DeltaSink
 
 log = logging.getLogger(__name__)
 
 
+class ProducerMetrics:
+    """Spool figures of every publisher in this process, per topic: counted as they happen, read at scrape."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.spooled: dict[str, int] = {}
+        self.redelivered: dict[str, int] = {}
+        self._publishers: weakref.WeakSet[Publisher] = weakref.WeakSet()
+
+    def watch(self, publisher: Publisher) -> None:
+        """Include `publisher`'s waiting messages in the gauges until it is closed or gone."""
+        with self._lock:
+            self._publishers.add(publisher)
+
+    def unwatch(self, publisher: Publisher) -> None:
+        """Stop counting `publisher` (closed: what it left waits for the next producer of the topic)."""
+        with self._lock:
+            self._publishers.discard(publisher)
+
+    def count_spooled(self, topic: str, n: int) -> None:
+        """`n` messages of `topic` went to the disk spool."""
+        with self._lock:
+            self.spooled[topic] = self.spooled.get(topic, 0) + n
+
+    def count_redelivered(self, topic: str, n: int) -> None:
+        """`n` spooled messages of `topic` reached the bus."""
+        with self._lock:
+            self.redelivered[topic] = self.redelivered.get(topic, 0) + n
+
+    def totals(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(spooled, redelivered) messages ever, per topic."""
+        with self._lock:
+            return dict(self.spooled), dict(self.redelivered)
+
+    def waiting(self) -> dict[str, int]:
+        """Messages waiting in the spools of open publishers, per topic."""
+        with self._lock:
+            publishers = list(self._publishers)
+        out: dict[str, int] = {}
+        for publisher in publishers:
+            out[publisher.topic] = out.get(publisher.topic, 0) + publisher.spool_stats().messages
+        return out
+
+
+PRODUCER_METRICS = ProducerMetrics()
+
+
 class SinkMetrics:
-    """Exposes a `DeltaSink`'s totals and its bus's lag; logs a summary every `log_interval_s`."""
+    """Serves a `DeltaSink`'s totals, its consumer's lag and the producer figures; logs a summary every `log_interval_s`."""
 
     def __init__(
-        self, sink: Any, port: int | None = None, host: str = "127.0.0.1", log_interval_s: float = 10.0
+        self, sink: DeltaSink, port: int | None = None, host: str = "127.0.0.1", log_interval_s: float = 10.0
     ) -> None:
         self.sink = sink
         self.log_interval_s = log_interval_s
@@ -36,7 +91,8 @@ class SinkMetrics:
         from prometheus_client import CollectorRegistry, start_http_server
 
         registry = CollectorRegistry(auto_describe=True)
-        registry.register(_Collector(self))
+        registry.register(_SinkCollector(self))
+        registry.register(_ProducerCollector(PRODUCER_METRICS))
         self.server, _thread = start_http_server(port, addr=host, registry=registry)
         self.port = int(self.server.server_port)
         log.info("sink metrics on http://%s:%d/metrics", host, self.port)
@@ -55,28 +111,22 @@ class SinkMetrics:
         }
         self._last_counts = counts
         self._last_log = now
-        lag_of = getattr(self.sink.bus, "lag", None)
-        if lag_of is not None:
-            try:
-                self.lag = lag_of()
-            except Exception as err:
-                log.debug("could not read consumer lag: %s", err)
+        try:
+            self.lag = self.sink.bus.lag()
+        except Exception as err:  # a broker that is down: keep the last figures, the loop goes on
+            log.debug("could not read consumer lag: %s", err)
         log.info(self.summary())
 
     def summary(self) -> str:
         """One line: throughput, lag, commits, dead letters, spool."""
         s = self.sink.stats
-        spool = self._spool()
+        spooled = sum(PRODUCER_METRICS.waiting().values())
         return (
             f"sink: {self.rates['events']:.0f} events/s, {self.rates['bytes'] / 1e6:.2f} MB/s; "
             f"lag {sum(self.lag.values())} messages on {len(self.lag)} partitions; "
             f"totals: {s.events} events, {s.messages} messages, {s.commits} commits, "
-            f"{s.dead_letters} dead letters; spooled {spool.get('messages', 0)}"
+            f"{s.dead_letters} dead letters; spooled {spooled}"
         )
-
-    def _spool(self) -> dict[str, int]:
-        stats = getattr(self.sink.bus, "spool_stats", None)
-        return stats() if stats is not None else {}
 
     def close(self) -> None:
         """Stop the HTTP endpoint."""
@@ -86,7 +136,7 @@ class SinkMetrics:
             self.server = None
 
 
-class _Collector:
+class _SinkCollector:
     """Reads the sink's totals when Prometheus scrapes."""
 
     def __init__(self, metrics: SinkMetrics) -> None:
@@ -124,13 +174,55 @@ class _Collector:
                 "Time of the last commit",
                 value=s.last_commit_at,
             )
-        spool = m._spool()
-        if spool:
-            yield GaugeMetricFamily(
-                "trajlake_producer_spooled_messages",
-                "Messages waiting in the disk spool",
-                value=spool["messages"],
-            )
-            yield CounterMetricFamily(
-                "trajlake_producer_spooled", "Messages ever spooled", value=spool["spooled_total"]
-            )
+
+
+class _ProducerCollector:
+    """Reads the process's producer figures when Prometheus scrapes (one series per topic)."""
+
+    def __init__(self, producers: ProducerMetrics) -> None:
+        self.producers = producers
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        spooled, redelivered = self.producers.totals()
+        for family, values in (
+            (
+                CounterMetricFamily(
+                    "trajlake_producer_spooled_messages",
+                    "Messages spooled to disk while Kafka was unreachable",
+                    labels=["topic"],
+                ),
+                spooled,
+            ),
+            (
+                CounterMetricFamily(
+                    "trajlake_producer_redelivered_messages",
+                    "Spooled messages delivered later",
+                    labels=["topic"],
+                ),
+                redelivered,
+            ),
+            (
+                GaugeMetricFamily(
+                    "trajlake_producer_spool_waiting_messages",
+                    "Messages waiting in the disk spools of open producers",
+                    labels=["topic"],
+                ),
+                self.producers.waiting(),
+            ),
+        ):
+            for topic, value in sorted(values.items()):
+                family.add_metric([topic], value)
+            yield family
+
+
+try:  # a producer process that serves the default registry (prometheus_client.start_http_server) shows them
+    from prometheus_client import REGISTRY
+except ImportError:  # pragma: no cover - prometheus-client is in the kafka extra
+    pass
+else:
+    REGISTRY.register(_ProducerCollector(PRODUCER_METRICS))

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 
 from trajlake.schemas.events import TRAJECTORY_EVENT_TYPES
 from trajlake.store.lake import Lake
-from trajlake.store.sql import sql_in_list
+from trajlake.store.sql import placeholders
 
 
 class SeqCache:
@@ -33,7 +33,10 @@ class SeqCache:
         missing = [t for t in wanted if t not in self._seqs]
         if missing:
             stored = self.lake.read(
-                "events", ["trajectory_id", "seq"], where=f"trajectory_id in ({sql_in_list(missing)})"
+                "events",
+                ["trajectory_id", "seq"],
+                where=f"trajectory_id in ({placeholders(len(missing))})",
+                params=missing,
             )
             for t in missing:
                 self._seqs[t] = set()

@@ -38,7 +38,7 @@ def run_ingest(
         log.info(
             "ingesting %s from %s into %s (group %s)", kafka.topic, kafka.bootstrap, lake.root, kafka.group_id
         )
-        _loop(delta_sink, metrics, stop, until_idle_s)
+        delta_sink.run(until_idle_s=until_idle_s, stop_event=stop, on_tick=metrics.tick)
         metrics.tick(force=True)
         return delta_sink.stats
     finally:
@@ -48,32 +48,6 @@ def run_ingest(
         lake.close()
         for sig, handler in restore.items():
             signal.signal(sig, handler)
-
-
-def _loop(sink: DeltaSink, metrics: SinkMetrics, stop: threading.Event, until_idle_s: float | None) -> None:
-    import time
-
-    idle_since = time.monotonic()
-    assigned = sink.bus.on_assigned if hasattr(sink.bus, "on_assigned") else None
-    if assigned is not None:
-
-        def on_assigned(partitions: list[int]) -> None:
-            nonlocal idle_since
-            idle_since = time.monotonic()  # waiting for the group to hand out partitions is not idleness
-            assigned(partitions)
-
-        sink.bus.on_assigned = on_assigned
-    while not stop.is_set():
-        if sink.poll_once():
-            idle_since = time.monotonic()
-        if sink.should_flush():
-            sink.flush(wait=False)  # the commit runs while the loop goes on consuming
-            idle_since = time.monotonic()  # a long commit is not time without messages
-        metrics.tick()
-        if until_idle_s is not None and time.monotonic() - idle_since >= until_idle_s:
-            log.info("no message for %.1f s; stopping", until_idle_s)
-            break
-    sink.flush()  # what was consumed before the stop is committed, with its offsets
 
 
 def _on_signals(stop: threading.Event) -> dict[int, Any]:

@@ -12,20 +12,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
 
 from trajlake.ingest import codec
-from trajlake.ingest.bus.base import Bus, Message, SourcePosition
+from trajlake.ingest.bus.base import Consumer, Message, SourcePosition
 from trajlake.ingest.chunking import ChunkAssembler
+from trajlake.ingest.config import SinkConfig
 from trajlake.ingest.dead_letters import dead_letter, dead_letters_table, raw_event, raw_json
 from trajlake.ingest.seqs import SeqCache
 from trajlake.schemas.events import EVENTS_SCHEMA
+from trajlake.schemas.threads import run_in_thread
 from trajlake.schemas.validation import validate
 from trajlake.store import projections
 from trajlake.store.errors import TxnFenced
@@ -33,40 +35,7 @@ from trajlake.store.lake import Lake, combine_in_parts
 
 log = logging.getLogger(__name__)
 
-
-class SinkConfig(BaseModel):
-    """When the sink flushes, and what it does on each flush."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_rows: int = Field(50_000, ge=1, description="Flush once this many events are buffered.")
-    max_bytes: int = Field(128 << 20, ge=1 << 10, description="Flush once buffered messages reach this size.")
-    max_latency_s: float = Field(1.0, gt=0, description="Flush buffered events at least this often.")
-    poll_max_messages: int = Field(500, ge=1, description="Messages taken per poll.")
-    poll_timeout_s: float = Field(0.2, gt=0, description="How long one poll waits for a first message.")
-    flush_when_idle: bool = Field(
-        True, description="Flush as soon as a poll returns nothing new or the bus has handed over all it has."
-    )
-    min_flush_bytes: int = Field(
-        4 << 20,
-        ge=0,
-        description="Flush this much whenever no commit is running; less waits for idleness or max_latency_s.",
-    )
-    min_commit_interval_s: float = Field(
-        0.2,
-        ge=0,
-        description="Least time from one flush to an idle flush of a small batch (bounds commits of a trickle).",
-    )
-    exactly_once: bool = Field(True, description="Store offsets in the Delta log and resume from them.")
-    update_projections: bool = Field(True, description="Advance projections after every events commit.")
-    seq_cache_trajectories: int = Field(
-        200_000, ge=0, description="Trajectories whose seqs are kept to detect duplicates."
-    )
-    chunk_max_gap: int = Field(
-        5000,
-        ge=1,
-        description="Messages a partition may carry past an incomplete chunk set before it is dead-lettered.",
-    )
+__all__ = ["DeltaSink", "SinkConfig"]
 
 
 @dataclass
@@ -98,7 +67,7 @@ class SinkStats:
 class DeltaSink:
     """Buffers events; `flush` writes rows and source offsets in one Delta commit."""
 
-    def __init__(self, lake: Lake, bus: Bus, config: SinkConfig | None = None) -> None:
+    def __init__(self, lake: Lake, bus: Consumer, config: SinkConfig | None = None) -> None:
         self.lake = lake
         self.bus = bus
         self.config = config or SinkConfig()
@@ -111,14 +80,15 @@ class DeltaSink:
         self._assembler = ChunkAssembler(self.config.chunk_max_gap)
         self._decoder = codec.Decoder()
         self._lock = threading.RLock()
-        self._inflight: _CommitThread | None = None
+        self._inflight: Future[int] | None = None  # the commit running on its own thread
         self._last_flush = 0.0
         self._advisory: dict[int, int] = {}  # partition -> next offset, committed to Delta
         self._advisory_lock = threading.Lock()
-        if hasattr(bus, "on_assigned"):  # a consumer group (Kafka): partitions move between sinks
-            bus.on_assigned = self._on_assigned
-            bus.on_revoked = self._on_revoked
-            bus.on_lost = self._on_lost
+        self._assigned_at = 0.0  # monotonic time of the last partition assignment
+        # in a consumer group (Kafka) partitions move between sinks; a consumer without one never calls these
+        bus.on_assigned = self._on_assigned
+        bus.on_revoked = self._on_revoked
+        bus.on_lost = self._on_lost
         if self.config.exactly_once:
             self.resume()
         if self.config.update_projections:
@@ -128,7 +98,7 @@ class DeltaSink:
     def resume(self, partitions: Iterable[int] | None = None) -> None:
         """Seek each assigned partition to just after the offset stored in the Delta log."""
         if self._inflight is not None:  # positions are read after the commit in flight lands
-            self._inflight.join()
+            wait([self._inflight])
         for partition in partitions if partitions is not None else self.bus.assigned_partitions():
             app_id = SourcePosition(self.bus.topic, partition, 0).app_id
             stored = self.lake.txn_version("events", app_id)
@@ -142,6 +112,7 @@ class DeltaSink:
 
     def _on_assigned(self, partitions: list[int]) -> None:
         """A rebalance gave this sink `partitions`: continue each from the Delta log."""
+        self._assigned_at = time.monotonic()
         if self.config.exactly_once:
             with self._lock:
                 self.resume(partitions)
@@ -200,7 +171,7 @@ class DeltaSink:
 
     def _send_advisory_offsets(self) -> None:
         """Tell the bus how far the sink committed (Kafka lag tools read it; resuming never does)."""
-        if not self._advisory or not hasattr(self.bus, "commit_offsets"):
+        if not self._advisory:
             return
         with self._advisory_lock:
             offsets, self._advisory = self._advisory, {}
@@ -262,8 +233,7 @@ class DeltaSink:
             p, self._pending = self._pending, _Pending()
             if not p.rows and not p.dead and not p.last_offsets:
                 return version
-            self._inflight = _CommitThread(self._validate_and_commit, p)
-            self._inflight.start()
+            self._inflight = run_in_thread(lambda: self._validate_and_commit(p), name="trajlake-commit")
             self._last_flush = time.monotonic()
             return self._finish_commit() if wait else None
 
@@ -280,28 +250,28 @@ class DeltaSink:
 
     def committing(self) -> bool:
         """True while a commit started by `flush(wait=False)` is still running."""
-        return self._inflight is not None and self._inflight.is_alive()
+        return self._inflight is not None and not self._inflight.done()
 
     def _finish_commit(self) -> int | None:
         """Wait for the commit in flight; return its version, or None when it was fenced off."""
         job, self._inflight = self._inflight, None
         if job is None:
             return None
-        job.join()
+        error = job.exception()  # waits for the commit; its error is handed to this thread
         # the consuming thread, or kafka-python's IO thread in a rebalance callback: both may use
         # the consumer (commit_async only queues work on that IO thread); the commit thread may not
         self._send_advisory_offsets()
-        if isinstance(job.error, TxnFenced):
+        if isinstance(error, TxnFenced):
             # another sink owns these partitions now (we stalled past a rebalance): what we
             # buffered is theirs to commit, including what arrived since; continue from the Delta log
-            log.warning("dropping buffered events: %s", job.error)
+            log.warning("dropping buffered events: %s", error)
             self._pending = _Pending()
             self._assembler.reset()
             self.resume(self.bus.assigned_partitions())
             return None
-        if job.error is not None:
-            raise job.error
-        return job.version
+        if error is not None:
+            raise error
+        return job.result()
 
     def _commit(
         self, p: _Pending, result: Any, offsets: dict[str, int], expect: dict[str, int | None] | None
@@ -342,33 +312,60 @@ class DeltaSink:
             self._dead(pos, key, content_type, raw, reason, one.to_pylist()[0], into=p)
 
     # -- main loop -----------------------------------------------------------------------
-    def run(self, until_idle_s: float | None = None, stop_event: threading.Event | None = None) -> SinkStats:
-        """Consume until `stop_event` is set, or until `until_idle_s` pass without a message."""
+    def run(
+        self,
+        until_idle_s: float | None = None,
+        stop_event: threading.Event | None = None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> SinkStats:
+        """Consume until `stop_event` is set, or until a poll comes back empty after `until_idle_s` idle.
+
+        The one main loop of every sink (the `trajlake ingest` service, the demo, loadgen,
+        importers). Idle time restarts with every message, every flush (a long commit is
+        not time without messages) and every partition assignment (waiting for the group
+        is not quiet input): `until_idle_s=0` stops at the first empty poll. `on_tick` runs
+        once per turn on this thread (metrics read the consumer, which is not thread-safe).
+        What was consumed is committed, with its offsets, before this returns.
+        """
         idle_since = time.monotonic()
         while not (stop_event is not None and stop_event.is_set()):
             got = self.poll_once()
             if got:
                 idle_since = time.monotonic()
+            idle_since = max(idle_since, self._assigned_at)
             if self.should_flush():
-                self.flush(wait=False)
+                self.flush(wait=False)  # the commit runs while the loop goes on consuming
+                idle_since = time.monotonic()
+            if on_tick is not None:
+                on_tick()
             if until_idle_s is not None and not got and time.monotonic() - idle_since >= until_idle_s:
+                if until_idle_s:
+                    log.info("no message for %.1f s; stopping", until_idle_s)
                 break
         self.flush()
         return self.stats
 
 
-class _CommitThread(threading.Thread):
-    """Runs one `DeltaSink._commit` and keeps its version or error for the consuming thread."""
+class SinkThread:
+    """Runs a sink's main loop on a background thread; `stop` commits what it holds and joins it."""
 
-    def __init__(self, commit: Any, *args: Any) -> None:
-        super().__init__(name="trajlake-commit", daemon=True)
-        self._job = (commit, args)
-        self.version: int | None = None
-        self.error: BaseException | None = None
+    def __init__(self, sink: DeltaSink) -> None:
+        self.sink = sink
+        self.stop_event = threading.Event()
+        self.job = run_in_thread(lambda: self.sink.run(stop_event=self.stop_event), name="trajlake-sink")
 
-    def run(self) -> None:
-        commit, args = self._job
-        try:
-            self.version = commit(*args)
-        except BaseException as err:  # handed to the consuming thread, which decides
-            self.error = err
+    def check(self) -> None:
+        """Raise the error the sink died of, if it did (so a caller waiting for rows stops waiting)."""
+        if self.job.done():
+            self.job.result()
+
+    def stop(self, drain: bool = False, timeout_s: float | None = None) -> SinkStats:
+        """Commit what is buffered and stop; with `drain`, then consume what is still on the bus."""
+        self.stop_event.set()
+        done, _ = wait([self.job], timeout_s)
+        if not done:
+            raise TimeoutError(f"the sink did not stop within {timeout_s:g} s (a commit is still running)")
+        self.job.result()  # the sink's own error, in the caller's thread
+        if drain:  # published after the thread's last poll: read it here, the thread is gone
+            self.sink.run(until_idle_s=0)
+        return self.sink.stats

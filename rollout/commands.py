@@ -1,4 +1,4 @@
-"""CLI commands of the rollout toolkit: `import harbor`, `import skyrl`, `doctor`."""
+"""CLI commands of the rollout toolkit: `import harbor`, `import skyrl`, `doctor`, `loadgen`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import argparse
 import json
 import sys
 
-from trajlake.cli import CliError, add_lake_option, add_run_option, env_default
+from trajlake.cli import CliError
+from trajlake.ingest.config import KafkaConfig
+from trajlake.rollout.config import DoctorSettings, ImportSettings, LoadgenConfig
+from trajlake.schemas.settings import KafkaSwitch, LakeSettings, RunSettings, add_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,32 +32,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d = subparsers.add_parser(
         "doctor", help="dry-run health report: system vs model failures, tools, nudges, drift"
     )
-    add_lake_option(d)
-    add_run_option(d, help="run id to check (env TRAJLAKE_RUN)")
-    d.add_argument(
-        "--max-system-error-rate",
-        type=float,
-        default=float(env_default("MAX_SYSTEM_ERROR_RATE", "0.05") or 0.05),
-        help="exit 1 when the share of system failures is above this (env TRAJLAKE_MAX_SYSTEM_ERROR_RATE; "
-        "default %(default)s)",
-    )
-    d.add_argument(
-        "--format",
-        choices=("text", "json"),
-        default=env_default("DOCTOR_FORMAT", "text"),
-        help="output format (env TRAJLAKE_DOCTOR_FORMAT; default %(default)s)",
-    )
+    add_settings(d, LakeSettings)
+    add_settings(d, RunSettings, help={"run_id": "run id to check"})
+    add_settings(d, DoctorSettings)
     d.set_defaults(handler=run_doctor)
+
+    p = subparsers.add_parser("loadgen", help="synthetic agent-RL workload through the bus")
+    add_settings(p, LakeSettings)
+    add_settings(p, LoadgenConfig, required=["trajectories"])
+    add_settings(p, KafkaSwitch, help={"kafka": "produce to Apache Kafka instead of the in-process bus"})
+    add_settings(p, KafkaConfig, ["topic"])
+    p.add_argument("--json", action="store_true", help="print the counts produced as JSON")
+    p.set_defaults(handler=run_loadgen)
 
 
 def _common_import_options(p: argparse.ArgumentParser) -> None:
-    add_lake_option(p)
-    p.add_argument(
-        "--run-id",
-        default=env_default("RUN_ID"),
-        required=env_default("RUN_ID") is None,
-        help="run id the trajectories are stored under (env TRAJLAKE_RUN_ID)",
-    )
+    add_settings(p, LakeSettings)
+    add_settings(p, ImportSettings)
     p.add_argument("--json", action="store_true", help="print the import report as JSON")
 
 
@@ -109,13 +103,56 @@ def run_doctor(args: argparse.Namespace) -> int:
     from trajlake.rollout.doctor import diagnose, render, render_json
     from trajlake.store.lake import Lake
 
-    if not 0 <= args.max_system_error_rate <= 1:
-        raise CliError(
-            f"--max-system-error-rate must be in [0, 1] (got {args.max_system_error_rate}); "
-            "set TRAJLAKE_MAX_SYSTEM_ERROR_RATE"
-        )
-    report = diagnose(Lake(args.lake), args.run, args.max_system_error_rate)
+    report = diagnose(Lake(args.lake), args.run_id, args.max_system_error_rate)
     print(render_json(report) if args.format == "json" else render(report))
     if not report.totals.get("trajectories"):
         return 2
     return 0 if report.healthy else 1
+
+
+def run_loadgen(args: argparse.Namespace) -> int:
+    from trajlake.ingest.bus import setup_bus
+    from trajlake.rollout.loadgen import generate
+    from trajlake.schemas.terminal import Progress
+
+    config = args.LoadgenConfig
+    sink_thread = None
+    if args.kafka:
+        bus = setup_bus("kafka", bootstrap=args.kafka, topic=args.topic)
+    else:  # the embedded bus lives in this process, and so does its sink
+        from trajlake.ingest.sink import DeltaSink, SinkThread
+        from trajlake.store.lake import Lake
+
+        bus = setup_bus("inprocess")  # a topic of its own: in-process offsets restart in every process
+        sink_thread = SinkThread(DeltaSink(Lake(args.lake), bus))
+    with Progress(config.trajectories, "loadgen", unit="traj") as progress:
+        counts = generate(bus, config, on_trajectory=lambda _: progress.update())
+    if sink_thread is not None:
+        sink_thread.stop(drain=True)
+    bus.close()
+    result = {
+        "events": counts.events,
+        "trajectories": counts.trajectories,
+        "turns": counts.turns,
+        "tokens": counts.tokens,
+    }
+    left = bus.spool_stats()
+    undelivered = left.messages
+    if args.kafka:
+        result["undelivered_messages"] = undelivered
+    if args.json:
+        print(json.dumps(result))
+    else:
+        where = f"Kafka topic {args.topic} at {args.kafka}" if args.kafka else args.lake
+        verb, to = ("generated", "for") if undelivered else ("wrote", "to")
+        print(
+            f"{verb} {counts.events} events, {counts.trajectories} trajectories, {counts.tokens} tokens {to} {where}"
+        )
+    if undelivered:
+        print(
+            f"trajlake loadgen: {undelivered} messages did not reach Kafka at {args.kafka}; they wait in "
+            f"{left.directory}, and the next producer of topic {bus.topic} delivers them",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

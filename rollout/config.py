@@ -1,38 +1,29 @@
 """Settings of the rollout toolkit: TITO client, tool runner, judge, workers, sandboxes.
 
-Defaults run on a laptop. Every field can be set from the environment through `from_env`
-(`TRAJLAKE_<PREFIX>_<FIELD>`, e.g. `TRAJLAKE_TITO_TIMEOUT_S=30`).
+Defaults run on a laptop. `Config.from_env()` reads every field from the environment
+(`TRAJLAKE_<PREFIX>_<FIELD>`, e.g. `TRAJLAKE_TITO_TIMEOUT_S=30`; nested fields with `__`, e.g.
+`TRAJLAKE_TITO_RETRY__MAX_ATTEMPTS=8`); a config built in code reads none.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, ClassVar, Literal, Self
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from trajlake.schemas.settings import Settings
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    env_prefix: ClassVar[str] = ""  # TRAJLAKE_<env_prefix>_<FIELD>
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> Self:
-        """The config with every field found as `TRAJLAKE_<PREFIX>_<FIELD>` in the environment."""
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            key = f"TRAJLAKE_{cls.env_prefix}_{name.upper()}"
-            if key in os.environ:
-                values[name] = os.environ[key]
-        values.update(overrides)
-        return cls(**values)
+class _Config(Settings):
+    model_config = SettingsConfigDict(frozen=True)
 
 
 class RetryConfig(_Config):
     """Exponential backoff with full jitter."""
 
-    env_prefix: ClassVar[str] = "RETRY"
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_RETRY_")
+
     max_attempts: int = Field(4, ge=1, le=100, description="Attempts in all, the first one included.")
     initial_backoff_s: float = Field(0.5, ge=0, description="Delay before the first retry.")
     max_backoff_s: float = Field(20.0, ge=0, description="Ceiling of any one delay.")
@@ -45,7 +36,8 @@ class RetryConfig(_Config):
 class TitoConfig(_Config):
     """The token-in-token-out client of vLLM's `/v1/completions`."""
 
-    env_prefix: ClassVar[str] = "TITO"
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_TITO_")
+
     base_url: str = Field("http://127.0.0.1:8000", description="vLLM server root (without /v1).")
     model: str = Field("default", description="Model name the server serves.")
     route: Literal["completions", "generate"] = Field(
@@ -64,7 +56,8 @@ class TitoConfig(_Config):
 class ToolRunnerConfig(_Config):
     """Tool calls: timeouts, output budget, malformed-call retries, the context nudge."""
 
-    env_prefix: ClassVar[str] = "TOOLS"
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_TOOLS_")
+
     timeout_s: float = Field(30.0, gt=0, description="Wall-clock limit of one tool call.")
     max_output_tokens: int = Field(
         2048, ge=1, description="Tool output beyond this many tokens is truncated."
@@ -87,10 +80,11 @@ class ToolRunnerConfig(_Config):
 class JudgeConfig(_Config):
     """LLM-judge calls over an OpenAI-compatible chat API, rotating across API keys."""
 
-    env_prefix: ClassVar[str] = "JUDGE"
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_JUDGE_")
+
     base_url: str = Field("http://127.0.0.1:8001", description="Judge server root (without /v1).")
     model: str = Field("judge", description="Judge model name.")
-    api_keys: tuple[str, ...] = Field(
+    api_keys: Annotated[tuple[str, ...], NoDecode] = Field(
         ("",), min_length=1, description="Keys to rotate across (comma-separated in the env var)."
     )
     timeout_s: float = Field(60.0, gt=0, description="Time for one judge request.")
@@ -112,7 +106,8 @@ class JudgeConfig(_Config):
 class WorkerConfig(_Config):
     """How agent loops run: each in its own Ray task (process isolation), or in threads."""
 
-    env_prefix: ClassVar[str] = "WORKERS"
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_WORKERS_")
+
     type: Literal["ray", "threads"] = Field(
         "ray", description="Backend: ray (a crash kills one task only) or threads."
     )
@@ -126,7 +121,8 @@ class WorkerConfig(_Config):
 class SandboxConfig(_Config):
     """Where tool commands run: a local subprocess or a Modal sandbox."""
 
-    env_prefix: ClassVar[str] = "SANDBOX"
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_SANDBOX_")
+
     type: Literal["local", "modal"] = Field("local", description="Backend.")
     create_timeout_s: float = Field(120.0, gt=0, description="Limit on creating the sandbox.")
     exec_timeout_s: float = Field(60.0, gt=0, description="Default limit on one command.")
@@ -134,3 +130,58 @@ class SandboxConfig(_Config):
     image: str = Field("python:3.11-slim", description="Container image (modal).")
     app_name: str = Field("trajlake-sandboxes", description="Modal app the sandboxes belong to.")
     workdir: str | None = Field(None, description="Working directory (local: a fresh temp dir when None).")
+
+
+class LoadgenConfig(Settings):
+    """Shape of the synthetic workload."""
+
+    trajectories: int = Field(100, ge=1, description="Number of trajectories.")
+    run_id: str = Field("loadgen", min_length=1, description="Run id of every event.")
+    turns: int = Field(6, ge=1, description="Mean turns per trajectory.")
+    max_turns: int = Field(32, ge=1, description="Turn limit (status max_turns when reached).")
+    prompt_tokens: int = Field(512, ge=1, description="Mean prompt tokens.")
+    output_tokens: int = Field(256, ge=1, description="Mean output tokens per turn.")
+    env_tokens: int = Field(128, ge=0, description="Mean tool-output tokens appended per turn.")
+    tool_call_rate: float = Field(
+        0.8, ge=0, le=1, description="Probability that a non-final turn calls a tool."
+    )
+    tool_error_rate: float = Field(0.1, ge=0, le=1, description="Probability that a tool call fails.")
+    tool_timeout_rate: float = Field(0.02, ge=0, le=1, description="Probability that a tool call times out.")
+    truncation_rate: float = Field(0.05, ge=0, le=1, description="Probability that tool output is truncated.")
+    system_failure_rate: float = Field(0.05, ge=0, le=1, description="Probability of a system failure.")
+    policy_versions: int = Field(8, ge=1, description="Policy versions spread over the run.")
+    group_size: int = Field(8, ge=1, description="Samples per prompt group (GRPO n).")
+    vocab_size: int = Field(151_936, ge=16, description="Vocabulary size (ids drawn below it).")
+    context_budget_tokens: int = Field(32_768, ge=64, description="Context budget per trajectory.")
+    zipf_a: float = Field(1.1, gt=1.0, description="Zipf exponent of token frequencies.")
+    seed: int = Field(0, description="Random seed; the same seed gives the same tokens and outcomes.")
+
+    @model_validator(mode="after")
+    def _turns_within_limit(self) -> LoadgenConfig:
+        if self.turns > self.max_turns:
+            raise ValueError(
+                f"turns ({self.turns}) must be <= max_turns ({self.max_turns}); raise --max-turns"
+            )
+        return self
+
+
+class ImportSettings(Settings):
+    """`trajlake import`: the run the imported trajectories go to."""
+
+    run_id: str = Field(
+        ...,
+        min_length=1,
+        validation_alias="TRAJLAKE_IMPORT_RUN_ID",
+        description="run id the trajectories are stored under",
+    )
+
+
+class DoctorSettings(Settings):
+    """`trajlake doctor`: when a run is unhealthy, and how to print the report."""
+
+    max_system_error_rate: float = Field(
+        0.05, ge=0, le=1, description="exit 1 when the share of system failures is above this"
+    )
+    format: Literal["text", "json"] = Field(
+        "text", validation_alias="TRAJLAKE_DOCTOR_FORMAT", description="output format"
+    )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from trajlake.schemas.errors import TrajlakeError
 
-class RolloutError(RuntimeError):
+
+class RolloutError(TrajlakeError, RuntimeError):
     """Base class of rollout toolkit errors."""
 
     retryable = False
@@ -12,10 +14,18 @@ class RolloutError(RuntimeError):
 class InferenceError(RolloutError):
     """The inference server failed a request (after retries, if it was retryable)."""
 
-    def __init__(self, message: str, *, status_code: int | None = None, retryable: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retryable: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.retryable = retryable
+        self.retry_after_s = retry_after_s  # the server's Retry-After: when a retry may succeed
 
 
 class InferenceResponseError(RolloutError):

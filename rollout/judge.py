@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from trajlake.rollout import backoff
 from trajlake.rollout.config import JudgeConfig
 from trajlake.rollout.errors import JudgeError
+from trajlake.schemas.retry import backoff_delay, retry_after_s, retrying
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -32,6 +32,14 @@ class Verdict:
     key_index: int
     attempts: int
     rate_limited: int
+
+
+class _Busy(Exception):
+    """A retryable judge failure: the key is cooling down, try again."""
+
+    def __init__(self, message: str, *, rate_limited: bool = False) -> None:
+        super().__init__(message)
+        self.rate_limited = rate_limited
 
 
 class Judge:
@@ -66,48 +74,60 @@ class Judge:
             delay = (
                 retry_after
                 if retry_after is not None
-                else backoff.backoff_delay(self._strikes[key], self.config.retry)
+                else backoff_delay(self._strikes[key], self.config.retry)
             )
             self._cool_until[key] = time.monotonic() + delay
 
     def ask(self, messages: Sequence[dict[str, str]], *, max_tokens: int = 16) -> tuple[str, int, int, int]:
         """Send a chat request; return (text, key index, attempts, rate-limited responses)."""
+        body = {
+            "model": self.config.model,
+            "messages": list(messages),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
         limited = 0
-        last = ""
-        for attempt in range(1, self.config.retry.max_attempts + 1):
-            key, wait = self._pick_key()
-            if wait > 0:
-                time.sleep(min(wait, self.config.retry.max_backoff_s))
-            headers = {"Authorization": f"Bearer {self.config.api_keys[key]}"}
-            body = {
-                "model": self.config.model,
-                "messages": list(messages),
-                "max_tokens": max_tokens,
-                "temperature": 0,
-            }
-            try:
-                response = self._client.post("/v1/chat/completions", json=body, headers=headers)
-            except httpx.TransportError as err:  # the judge server may come back; try the next key
-                last = f"{type(err).__name__}: {err}"
-                self._cool(key, None)
-                continue
-            if response.status_code == 200:
-                with self._lock:
-                    self._strikes[key] = 0
-                text = response.json()["choices"][0]["message"]["content"]
-                return text, key, attempt, limited
-            last = f"HTTP {response.status_code}: {response.text[:200]}"
-            if response.status_code not in RETRYABLE_STATUS:
-                raise JudgeError(
-                    f"judge request refused ({last}); check the judge model and keys", attempts=attempt
-                )
-            limited += response.status_code == 429
-            self._cool(key, backoff.retry_after_s(response.headers.get("retry-after")))
-        raise JudgeError(
-            f"no answer from the judge after {self.config.retry.max_attempts} attempts over "
-            f"{len(self.config.api_keys)} key(s) (last: {last}); add keys or raise TRAJLAKE_JUDGE retry limits",
-            attempts=self.config.retry.max_attempts,
-        )
+        # No wait between attempts here: each key cools down on its own schedule (`_cool`),
+        # and an attempt waits only when every key is cooling (`_pick_key`).
+        try:
+            for attempt in retrying(self.config.retry, retry_on=_Busy, wait=0):
+                with attempt:
+                    try:
+                        text, key = self._attempt(body, attempt.retry_state.attempt_number)
+                    except _Busy as busy:
+                        limited += busy.rate_limited
+                        raise
+                    return text, key, attempt.retry_state.attempt_number, limited
+        except _Busy as busy:
+            raise JudgeError(
+                f"no answer from the judge after {self.config.retry.max_attempts} attempts over "
+                f"{len(self.config.api_keys)} key(s) (last: {busy}); add keys or raise TRAJLAKE_JUDGE retry limits",
+                attempts=self.config.retry.max_attempts,
+            ) from None
+        raise AssertionError("unreachable")
+
+    def _attempt(self, body: dict, attempt: int) -> tuple[str, int]:
+        """One request on the next free key; `_Busy` when another key (or a later try) may answer."""
+        key, wait = self._pick_key()
+        if wait > 0:
+            time.sleep(min(wait, self.config.retry.max_backoff_s))
+        headers = {"Authorization": f"Bearer {self.config.api_keys[key]}"}
+        try:
+            response = self._client.post("/v1/chat/completions", json=body, headers=headers)
+        except httpx.TransportError as err:  # the judge server may come back; try the next key
+            self._cool(key, None)
+            raise _Busy(f"{type(err).__name__}: {err}") from err
+        if response.status_code == 200:
+            with self._lock:
+                self._strikes[key] = 0
+            return response.json()["choices"][0]["message"]["content"], key
+        last = f"HTTP {response.status_code}: {response.text[:200]}"
+        if response.status_code not in RETRYABLE_STATUS:
+            raise JudgeError(
+                f"judge request refused ({last}); check the judge model and keys", attempts=attempt
+            )
+        self._cool(key, retry_after_s(response.headers.get("retry-after")))
+        raise _Busy(last, rate_limited=response.status_code == 429)
 
     def grade(self, question: str, answer: str, *, rubric: str = "Reply PASS or FAIL.") -> Verdict:
         """Grade `answer` to `question`; passed when the judge's reply starts with PASS."""

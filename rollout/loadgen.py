@@ -17,50 +17,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trajlake.ingest import codec
-from trajlake.ingest.bus.base import Bus, Message
+from trajlake.ingest.bus.base import Message, Publisher
+from trajlake.rollout.config import LoadgenConfig
 from trajlake.schemas import events as ev
 
 TOOLS = (("python", True), ("bash", True), ("search", False), ("calculator", False), ("file_edit", False))
 ENVIRONMENTS = ("swe", "math", "web")
 SYSTEM_LABELS = ("infra", "env_dependency", "verifier_error", "harness_behavior", "tool_design")
-
-
-class LoadgenConfig(BaseModel):
-    """Shape of the synthetic workload."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    trajectories: int = Field(100, ge=1, description="Number of trajectories.")
-    run_id: str = Field("loadgen", min_length=1, description="Run id of every event.")
-    turns: int = Field(6, ge=1, description="Mean turns per trajectory.")
-    max_turns: int = Field(32, ge=1, description="Turn limit (status max_turns when reached).")
-    prompt_tokens: int = Field(512, ge=1, description="Mean prompt tokens.")
-    output_tokens: int = Field(256, ge=1, description="Mean output tokens per turn.")
-    env_tokens: int = Field(128, ge=0, description="Mean tool-output tokens appended per turn.")
-    tool_call_rate: float = Field(
-        0.8, ge=0, le=1, description="Probability that a non-final turn calls a tool."
-    )
-    tool_error_rate: float = Field(0.1, ge=0, le=1, description="Probability that a tool call fails.")
-    tool_timeout_rate: float = Field(0.02, ge=0, le=1, description="Probability that a tool call times out.")
-    truncation_rate: float = Field(0.05, ge=0, le=1, description="Probability that tool output is truncated.")
-    system_failure_rate: float = Field(0.05, ge=0, le=1, description="Probability of a system failure.")
-    policy_versions: int = Field(8, ge=1, description="Policy versions spread over the run.")
-    group_size: int = Field(8, ge=1, description="Samples per prompt group (GRPO n).")
-    vocab_size: int = Field(151_936, ge=16, description="Vocabulary size (ids drawn below it).")
-    context_budget_tokens: int = Field(32_768, ge=64, description="Context budget per trajectory.")
-    zipf_a: float = Field(1.1, gt=1.0, description="Zipf exponent of token frequencies.")
-    seed: int = Field(0, description="Random seed; the same seed gives the same tokens and outcomes.")
-
-    @model_validator(mode="after")
-    def _turns_within_limit(self) -> LoadgenConfig:
-        if self.turns > self.max_turns:
-            raise ValueError(
-                f"turns ({self.turns}) must be <= max_turns ({self.max_turns}); raise --max-turns"
-            )
-        return self
 
 
 @dataclass
@@ -119,7 +84,8 @@ class _ColumnBatch:
     """Events of many trajectories, kept as sparse columns and turned into Arrow in one go.
 
     It offers the Recorder's trajectory API (`turn`, `tool_call`, …) without building a
-    dict per event, which makes loadgen about ten times faster at millions of events.
+    dict per event, which makes loadgen about ten times faster at millions of events. Its
+    columns are `EVENTS_SCHEMA`'s and each event type takes the fields the model gives it.
     """
 
     def __init__(self, run_id: str, vocab_size: int) -> None:
@@ -133,6 +99,13 @@ class _ColumnBatch:
         self.turn_index = 0
 
     def add(self, event_type: str, **fields: Any) -> None:
+        """Append one event; its fields are checked against the event model, JSON ones encoded."""
+        unknown = fields.keys() - ev.body_fields_of(event_type)
+        if unknown:
+            raise TypeError(f"a {event_type} event carries no field(s) {sorted(unknown)}")
+        for name in ev.JSON_FIELDS & fields.keys():
+            if fields[name] is not None and not isinstance(fields[name], str):
+                fields[name] = json.dumps(fields[name], sort_keys=True, separators=(",", ":"))
         row = self.n
         self.n += 1
         fields.update(
@@ -152,9 +125,6 @@ class _ColumnBatch:
     def start(self, **fields: Any) -> _ColumnBatch:
         self.trajectory_id, self.seq, self.turn_index = ev.new_event_id(), 0, 0
         self.spans.append((self.trajectory_id, self.n, -1))
-        fields["sampling_params"] = json.dumps(
-            fields["sampling_params"], sort_keys=True, separators=(",", ":")
-        )
         self.add(ev.TRAJECTORY_STARTED, vocab_size=self.vocab_size, **fields)
         return self
 
@@ -171,7 +141,7 @@ class _ColumnBatch:
     def tool_call(self, tool_name: str, arguments: dict[str, Any], *, is_code_execution: bool) -> str:
         call_id = f"call-{self.seq}"
         self.add(ev.TOOL_CALL, call_id=call_id, tool_name=tool_name, is_code_execution=is_code_execution,
-                 arguments=json.dumps(arguments, sort_keys=True, separators=(",", ":")))  # fmt: skip
+                 arguments=arguments)  # fmt: skip
         return call_id
 
     def tool_result(self, call_id: str, tool_name: str, **fields: Any) -> None:
@@ -180,8 +150,7 @@ class _ColumnBatch:
     def reward(
         self, value: float | None, *, components: dict[str, float] | None = None, **fields: Any
     ) -> None:
-        text = json.dumps(components, sort_keys=True, separators=(",", ":")) if components else None
-        self.add(ev.REWARD, reward=value, reward_components=text, **fields)
+        self.add(ev.REWARD, reward=value, reward_components=components or None, **fields)
 
     def finish(self, status: str, **fields: Any) -> None:
         self.add(ev.TRAJECTORY_FINISHED, status=status, **fields)
@@ -202,7 +171,7 @@ class _ColumnBatch:
             arrays.append(_column(f.type, self.n, np.asarray(rows, dtype=np.int64), values))
         return pa.Table.from_arrays(arrays, schema=ev.EVENTS_SCHEMA)
 
-    def publish(self, bus: Bus) -> int:
+    def publish(self, bus: Publisher) -> int:
         """Send one message per trajectory (and per policy update); return messages sent."""
         table = self.table()
         for key, first, end in self.spans:
@@ -238,7 +207,7 @@ def _column(type_: pa.DataType, n: int, rows: np.ndarray, values: list[Any]) -> 
 
 
 def generate(
-    bus: Bus,
+    bus: Publisher,
     config: LoadgenConfig,
     on_trajectory: Callable[[int], None] | None = None,
     chunk: int = 500,

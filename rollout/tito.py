@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 
 import httpx
 
-from trajlake.rollout import backoff
 from trajlake.rollout.config import TitoConfig
 from trajlake.rollout.errors import Cancelled, InferenceError, InferenceResponseError
+from trajlake.schemas.retry import retry_after_s, retrying_async
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 TOKEN_ID_PREFIX = "token_id:"
@@ -224,27 +224,34 @@ class AsyncTitoClient:
         """
         prompt = [int(t) for t in prompt_token_ids]
         body = self.request_body(prompt, max_tokens, **sampling)
-        retry = self.config.retry
         started = time.monotonic()
-        for attempt in range(1, retry.max_attempts + 1):
-            try:
-                response = await self._http.post(ROUTES[self.config.route], json=body)
-            except httpx.TransportError as err:  # refused/reset/timed out: the server may come back
-                error: InferenceError = InferenceError(
-                    f"{type(err).__name__} from {self.config.base_url}: {err}", retryable=True
-                )
-                wait = None
-            else:
-                if response.status_code == 200:
-                    return self._completions(response, prompt, started, attempt)
-                error = _http_error(response)
-                wait = backoff.retry_after_s(response.headers.get("retry-after"))
-            if not error.retryable or attempt == retry.max_attempts:
-                if error.retryable:
-                    error.args = (f"{error.args[0]} (gave up after {attempt} attempts)",)
-                raise error
-            await asyncio.sleep(wait if wait is not None else backoff.backoff_delay(attempt, retry))
+        attempt = 0
+        try:
+            async for attempt_ in retrying_async(self.config.retry, retry_on=_is_retryable):
+                with attempt_:
+                    attempt = attempt_.retry_state.attempt_number
+                    return await self._attempt(body, prompt, started, attempt)
+        except InferenceError as error:
+            if error.retryable:
+                error.args = (f"{error.args[0]} (gave up after {attempt} attempts)",)
+            raise
         raise AssertionError("unreachable")
+
+    async def _attempt(
+        self, body: dict[str, Any], prompt: list[int], started: float, attempt: int
+    ) -> list[Completion]:
+        """One request; a retryable failure carries the server's `Retry-After` for the next wait."""
+        try:
+            response = await self._http.post(ROUTES[self.config.route], json=body)
+        except httpx.TransportError as err:  # refused/reset/timed out: the server may come back
+            raise InferenceError(
+                f"{type(err).__name__} from {self.config.base_url}: {err}", retryable=True
+            ) from err
+        if response.status_code != 200:
+            error = _http_error(response)
+            error.retry_after_s = retry_after_s(response.headers.get("retry-after"))
+            raise error
+        return self._completions(response, prompt, started, attempt)
 
     def _completions(
         self, response: httpx.Response, prompt: list[int], started: float, attempt: int
@@ -284,6 +291,10 @@ class AsyncTitoClient:
                 )
             )
         return out
+
+
+def _is_retryable(error: BaseException) -> bool:
+    return isinstance(error, InferenceError) and error.retryable
 
 
 def _generate_prompt_logprobs(

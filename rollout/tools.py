@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -25,6 +24,7 @@ from typing import Any, Literal
 from trajlake.rollout import taxonomy
 from trajlake.rollout.config import ToolRunnerConfig
 from trajlake.rollout.errors import SandboxError, SandboxTimeout
+from trajlake.schemas.threads import run_in_thread
 
 ToolStatus = Literal["ok", "error", "timeout"]
 
@@ -248,16 +248,7 @@ class ToolRunner:
 
 def _start_call(tool: Tool, arguments: Mapping[str, Any]) -> Future[Any]:
     """Run the tool in its own daemon thread, so a hung call never blocks the calls after it."""
-    future: Future[Any] = Future()
-
-    def target() -> None:
-        try:
-            future.set_result(tool.fn(**arguments))
-        except BaseException as err:  # handed to the runner through the future
-            future.set_exception(err)
-
-    threading.Thread(target=target, name=f"tool-{tool.name}", daemon=True).start()
-    return future
+    return run_in_thread(lambda: tool.fn(**arguments), name=f"tool-{tool.name}")
 
 
 def _name_of(raw_call: Any) -> str:

@@ -20,10 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajlake.ingest.bus.base import Bus, Message
+from trajlake.ingest import codec
+from trajlake.ingest.bus.base import Message, Publisher, SpoolStats
+from trajlake.ingest.recorder import Recorder, TrajectoryRecorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.config import WorkerConfig
-from trajlake.rollout.recorder import Recorder, TrajectoryRecorder
 
 AgentFn = Callable[[TrajectoryRecorder, "AgentTask"], Any]
 
@@ -54,8 +55,8 @@ class TaskOutcome:
     n_events: int = 0
 
 
-class CollectingBus(Bus):
-    """A bus that only collects what is published, for the driver to publish for real."""
+class CollectingBus(Publisher):
+    """A publisher that keeps the events it is given, for the driver to publish for real."""
 
     topic = "collected"
 
@@ -67,16 +68,24 @@ class CollectingBus(Bus):
         return 1
 
     def send(self, message: Message) -> None:
-        raise NotImplementedError("CollectingBus only collects published events")
+        """Keep the events an encoded message holds (`codec.DecodeError` when it holds none)."""
+        table, bad = codec.decode(message.value, message.headers)
+        rows = [{k: v for k, v in row.items() if v is not None} for row in table.to_pylist()]
+        # events that would become dead letters go on as they are: the real bus files them
+        unreadable = [raw for raw, _ in bad if not isinstance(raw, dict)]
+        if unreadable:
+            raise codec.DecodeError(f"{len(unreadable)} events in the message are not JSON objects")
+        self.events.extend(rows + [raw for raw, _ in bad])
 
-    def poll(self, max_messages: int = 1000, timeout_s: float = 0.1) -> list[Message]:
-        raise NotImplementedError("CollectingBus cannot be consumed; publish its events to a real bus")
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Nothing to do: the events are kept when `publish` returns."""
 
-    def seek(self, partition: int, offset: int) -> None:
-        raise NotImplementedError("CollectingBus cannot be consumed")
+    def spool_stats(self) -> SpoolStats:
+        """Always empty: nothing waits for delivery."""
+        return SpoolStats()
 
-    def assigned_partitions(self) -> list[int]:
-        return []
+    def close(self) -> None:
+        """Nothing to release; the events stay for the driver."""
 
 
 def run_agent_loop(

@@ -1,9 +1,15 @@
-"""Errors raised while building or checking events."""
+"""The root of trajlake's errors, and the errors raised while building or checking events."""
 
 from __future__ import annotations
 
 
-class EventError(ValueError):
+class TrajlakeError(Exception):
+    """A failure whose message names what went wrong and the fix; the CLI prints it without a traceback
+    and exits 2. Each stage's errors derive from it (with the builtin they always were, for callers
+    that catch that)."""
+
+
+class EventError(TrajlakeError, ValueError):
     """An event that breaks the event model; the message names the field, the value and the fix."""
 
     def __init__(self, reason: str, *, field: str | None = None, index: int | None = None) -> None:

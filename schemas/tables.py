@@ -3,101 +3,64 @@
 `trajectories` and `turns` are stored without their token payloads; SQL users see the
 token columns (`token_ids`, `logprobs`, `loss_mask`; per turn the raw lists) through views
 that assemble them from `events`, so tokens are stored exactly once.
+
+A projection's layout fixes the order of its columns (the contract); a column named by a
+bare string has the type of the `events` field of that name. A field whose declaration
+feeds a projection column the layout does not name gets that column appended, so adding a
+field to `fields.py` is all it takes, and an existing table evolves by a trailing column.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
+from trajlake.schemas.events import EVENT_FIELDS
+from trajlake.schemas.fields import feeds_into
+
 _TS = pa.timestamp("us", tz="UTC")
 
-TRAJECTORIES_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("trajectory_id", pa.string()),
-        ("task_id", pa.string()),
-        ("group_id", pa.string()),
-        ("sample_index", pa.int32()),
-        ("environment", pa.string()),
-        ("harness", pa.string()),
-        ("model", pa.string()),
-        ("context_budget_tokens", pa.int64()),
-        ("policy_version_min", pa.int64()),
-        ("policy_version_max", pa.int64()),
-        ("reward", pa.float64()),
-        ("verifier_error", pa.string()),
-        ("status", pa.string()),
-        ("failure_origin", pa.string()),
-        ("failure_label", pa.string()),
-        ("message", pa.string()),
-        ("finished", pa.bool_()),
-        ("n_turns", pa.int64()),
-        ("n_tool_calls", pa.int64()),
-        ("n_tool_errors", pa.int64()),
-        ("n_tool_timeouts", pa.int64()),
-        ("n_tool_truncated", pa.int64()),
-        ("n_tool_retries", pa.int64()),
-        ("n_code_exec", pa.int64()),
-        ("assistant_tokens", pa.int64()),
-        ("env_tokens", pa.int64()),
-        ("total_tokens", pa.int64()),
-        ("sum_logprob", pa.float64()),
-        ("context_peak_fraction", pa.float32()),
-        ("nudged", pa.bool_()),
-        ("n_nudges", pa.int64()),
-        ("tito_drift", pa.bool_()),
-        ("n_drift_turns", pa.int64()),
-        ("started_at", _TS),
-        ("finished_at", _TS),
-    ]
-)
+
+def _projection(table: str, *layout: str | tuple[str, pa.DataType]) -> pa.Schema:
+    """The schema of projection `table`: `layout` in order, then columns fed by newer fields."""
+    columns = [(c, EVENT_FIELDS[c].type) if isinstance(c, str) else c for c in layout]
+    named = {name for name, _ in columns}
+    for field, feed in feeds_into(table):
+        if (feed.column or field.name) not in named:
+            columns.append((feed.column or field.name, field.type))
+            named.add(feed.column or field.name)
+    return pa.schema(columns)
+
+
+_I64 = pa.int64()
+
+TRAJECTORIES_SCHEMA = _projection(
+    "trajectories",
+    "run_id", "trajectory_id", "task_id", "group_id", "sample_index", "environment", "harness", "model",
+    "context_budget_tokens", ("policy_version_min", _I64), ("policy_version_max", _I64), "reward",
+    "verifier_error", "status", "failure_origin", "failure_label", "message", ("finished", pa.bool_()),
+    ("n_turns", _I64), ("n_tool_calls", _I64), ("n_tool_errors", _I64), ("n_tool_timeouts", _I64),
+    ("n_tool_truncated", _I64), ("n_tool_retries", _I64), ("n_code_exec", _I64),
+    ("assistant_tokens", _I64), ("env_tokens", _I64), ("total_tokens", _I64), ("sum_logprob", pa.float64()),
+    ("context_peak_fraction", pa.float32()), "nudged", ("n_nudges", _I64), "tito_drift",
+    ("n_drift_turns", _I64), ("started_at", _TS), ("finished_at", _TS),
+)  # fmt: skip
 """Scalar columns of `trajectories`; the SQL view adds `token_ids`, `logprobs`, `loss_mask`."""
 
-TURNS_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("trajectory_id", pa.string()),
-        ("event_id", pa.string()),
-        ("seq", pa.int64()),
-        ("turn_index", pa.int32()),
-        ("policy_version", pa.int64()),
-        ("n_input_tokens", pa.int64()),
-        ("n_output_tokens", pa.int64()),
-        ("n_loss_tokens", pa.int64()),
-        ("input_is_full", pa.bool_()),
-        ("finish_reason", pa.string()),
-        ("context_used_fraction", pa.float32()),
-        ("nudged", pa.bool_()),
-        ("tito_drift", pa.bool_()),
-        ("latency_s", pa.float32()),
-        ("sum_logprob", pa.float64()),
-        ("event_time", _TS),
-    ]
-)
+TURNS_SCHEMA = _projection(
+    "turns",
+    "run_id", "trajectory_id", "event_id", "seq", "turn_index", "policy_version",
+    ("n_input_tokens", _I64), ("n_output_tokens", _I64), ("n_loss_tokens", _I64),
+    "input_is_full", "finish_reason", "context_used_fraction", "nudged", "tito_drift", "latency_s",
+    ("sum_logprob", pa.float64()), "event_time",
+)  # fmt: skip
 """Scalar columns of `turns`; the SQL view adds the turn's token lists from `events`."""
 
-TOOL_CALLS_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("trajectory_id", pa.string()),
-        ("call_id", pa.string()),
-        ("tool_name", pa.string()),
-        ("arguments", pa.string()),
-        ("is_code_execution", pa.bool_()),
-        ("has_result", pa.bool_()),
-        ("ok", pa.bool_()),
-        ("error_type", pa.string()),
-        ("timed_out", pa.bool_()),
-        ("truncated", pa.bool_()),
-        ("output_tokens", pa.int64()),
-        ("retries", pa.int32()),
-        ("latency_s", pa.float32()),
-        ("call_seq", pa.int64()),
-        ("result_seq", pa.int64()),
-        ("called_at", _TS),
-        ("finished_at", _TS),
-    ]
-)
+TOOL_CALLS_SCHEMA = _projection(
+    "tool_calls",
+    "run_id", "trajectory_id", "call_id", "tool_name", "arguments", "is_code_execution",
+    ("has_result", pa.bool_()), "ok", "error_type", "timed_out", "truncated", "output_tokens", "retries",
+    "latency_s", ("call_seq", _I64), ("result_seq", _I64), ("called_at", _TS), ("finished_at", _TS),
+)  # fmt: skip
 
 DEAD_LETTERS_SCHEMA = pa.schema(
     [
@@ -119,27 +82,13 @@ DEAD_LETTERS_SCHEMA = pa.schema(
 )
 """One row per rejected message or event: its raw bytes, where it came from, and why."""
 
-POLICY_VERSIONS_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("policy_version", pa.int64()),
-        ("step", pa.int64()),
-        ("checkpoint", pa.string()),
-        ("metrics", pa.string()),
-        ("event_time", _TS),
-    ]
+POLICY_VERSIONS_SCHEMA = _projection(
+    "policy_versions", "run_id", "policy_version", "step", "checkpoint", "metrics", "event_time"
 )
 
-BATCH_CONSUMPTION_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("step", pa.int64()),
-        ("trainer_version", pa.int64()),
-        ("trajectory_id", pa.string()),
-        ("staleness", pa.int64()),
-        ("event_time", _TS),
-    ]
-)
+BATCH_CONSUMPTION_SCHEMA = _projection(
+    "batch_consumption", "run_id", "step", "trainer_version", "trajectory_id", ("staleness", _I64), "event_time",
+)  # fmt: skip
 
 TRAINER_STEPS_SCHEMA = pa.schema(
     [

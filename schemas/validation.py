@@ -15,11 +15,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trajlake.schemas.events import (
+    ENUM_FIELDS,
     EVENT_TYPES,
-    FAILURE_LABELS,
-    FAILURE_ORIGINS,
+    NON_NULL_FIELDS,
     REQUIRED_FIELDS,
-    STATUSES,
     SUPPORTED_SCHEMA_VERSIONS,
     TRAJECTORY_EVENT_TYPES,
     TURN,
@@ -91,7 +90,8 @@ def validate(table: pa.Table, known_seqs: Mapping[str, set[int]] | None = None) 
             "upgrade trajlake on the sink or write a supported version"
         ),
     )
-    for name in ("event_id", "run_id", "event_time"):
+    # a null event_type or schema_version is reported by its own check above, with the fix
+    for name in (n for n in NON_NULL_FIELDS if n not in ("event_type", "schema_version")):
         missing = _np_bool(pc.is_null(table.column(name)))
         _add(
             reasons,
@@ -136,11 +136,7 @@ def validate(table: pa.Table, known_seqs: Mapping[str, set[int]] | None = None) 
 
 
 def _check_enums(table: pa.Table, reasons: dict[int, list[str]]) -> None:
-    for name, allowed in (
-        ("status", STATUSES),
-        ("failure_origin", FAILURE_ORIGINS),
-        ("failure_label", FAILURE_LABELS),
-    ):
+    for name, allowed in ENUM_FIELDS.items():
         col = table.column(name)
         bad = _np_bool(pc.invert(pc.is_in(col, value_set=pa.array(allowed)))) & ~_np_bool(pc.is_null(col))
         values = col.to_pylist() if bad.any() else []

@@ -26,8 +26,8 @@ def record_run(lake_root: str, vocab: int, length: int) -> None:
     import random
 
     from trajlake.ingest.bus.inprocess import InProcessBus
+    from trajlake.ingest.recorder import Recorder
     from trajlake.ingest.sink import DeltaSink, SinkConfig
-    from trajlake.rollout.recorder import Recorder
     from trajlake.store.lake import Lake
 
     rng = random.Random(0)

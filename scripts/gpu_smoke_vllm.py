@@ -633,7 +633,7 @@ def run(args: argparse.Namespace, figures: dict[str, Any], cleanup: list) -> Non
     model_dir: Path | None = None
     if args.model is None:
         check(args.base_url is None, "--base-url needs --model (the directory or hub name it serves)")
-        from trajlake.rollout.engine.model import init_model
+        from trajlake.demo.model import init_model
 
         model_dir = Path(args.out) / "model"
         if not (model_dir / "config.json").exists():
@@ -690,7 +690,7 @@ def run(args: argparse.Namespace, figures: dict[str, Any], cleanup: list) -> Non
     recorder = lake = bus = None
     if args.lake:
         from trajlake.ingest.bus.inprocess import InProcessBus
-        from trajlake.rollout.recorder import Recorder
+        from trajlake.ingest.recorder import Recorder
         from trajlake.store.lake import Lake
 
         bus, lake = InProcessBus(), Lake(args.lake)

@@ -17,7 +17,6 @@ waits on a busy timeout. The schema is created and upgraded by Alembic on open.
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from trajlake.schemas.retry import retrying
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = 7_305_221_001
@@ -249,13 +250,12 @@ class Catalog:
         # Every claimer locks rows in the same (sorted) order, so concurrent claims of
         # overlapping ids queue behind each other instead of deadlocking.
         ids = sorted(set(trajectory_ids))
-        for attempt in range(DEADLOCK_RETRIES):
-            try:
+        # a lock conflict means the other transaction won: try again, a little later each time
+        for attempt in retrying(
+            retry_on=_is_lock_conflict, attempts=DEADLOCK_RETRIES, wait=lambda n: 0.01 * n
+        ):
+            with attempt:
                 return self._claim_sorted(run_id, ids, owner, rank, trainer_version, ttl_s)
-            except OperationalError as err:
-                if not _is_lock_conflict(err) or attempt == DEADLOCK_RETRIES - 1:
-                    raise
-                time.sleep(0.01 * (attempt + 1))  # the other transaction won: try again
         raise AssertionError("unreachable")
 
     def _claim_sorted(
@@ -396,7 +396,9 @@ class Catalog:
 DEADLOCK_RETRIES = 5
 
 
-def _is_lock_conflict(err: Exception) -> bool:
+def _is_lock_conflict(err: BaseException) -> bool:
     """True for PostgreSQL deadlock / serialization failures (SQLSTATE 40P01, 40001): safe to retry."""
+    if not isinstance(err, OperationalError):
+        return False
     code = getattr(getattr(err, "orig", None), "sqlstate", None)
     return code in {"40P01", "40001"}

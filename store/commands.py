@@ -1,91 +1,34 @@
-"""CLI commands of the lake: `sql`, `rebuild`, `compact`, `loadgen`."""
+"""CLI commands of the lake: `sql`, `rebuild`, `compact`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from trajlake.cli import (
-    CliError,
-    add_kafka_option,
-    add_lake_option,
-    add_table_options,
-    env_default,
-    settings_error,
-)
+from trajlake.cli import CliError
+from trajlake.schemas.settings import FormatSettings, LakeSettings, add_settings
+from trajlake.store.config import CompactSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the lake's commands."""
     p = subparsers.add_parser("sql", help="read-only SQL over every table of the lake")
-    add_lake_option(p)
-    add_table_options(p)
+    add_settings(p, LakeSettings)
+    add_settings(p, FormatSettings)
     p.add_argument(
         "query", help='one SELECT statement, e.g. "select status, count(*) from trajectories group by 1"'
     )
     p.set_defaults(handler=run_sql)
 
     p = subparsers.add_parser("rebuild", help="recreate the projections from `events`")
-    add_lake_option(p)
+    add_settings(p, LakeSettings)
     p.set_defaults(handler=run_rebuild)
 
     p = subparsers.add_parser("compact", help="optimize + vacuum every table, with a retention guard")
-    add_lake_option(p)
-    p.add_argument(
-        "--retention-hours",
-        type=int,
-        default=int(env_default("RETENTION_HOURS", "168") or 168),
-        help="keep unreferenced files younger than this (env TRAJLAKE_RETENTION_HOURS; default %(default)s)",
-    )
-    p.add_argument(
-        "--allow-short-retention",
-        action="store_true",
-        default=env_default("ALLOW_SHORT_RETENTION", "") == "1",
-        help="allow a retention below the 168h guard (env TRAJLAKE_ALLOW_SHORT_RETENTION=1)",
-    )
-    p.add_argument("--no-vacuum", action="store_true", help="only merge small files")
+    add_settings(p, LakeSettings)
+    add_settings(p, CompactSettings)
     p.set_defaults(handler=run_compact)
-
-    p = subparsers.add_parser("loadgen", help="synthetic agent-RL workload through the bus")
-    add_lake_option(p)
-    p.add_argument("--run-id", default=env_default("RUN_ID", "loadgen"), help="run id (env TRAJLAKE_RUN_ID)")
-    p.add_argument(
-        "--trajectories",
-        type=int,
-        default=env_default("TRAJECTORIES"),
-        required=env_default("TRAJECTORIES") is None,
-        help="number of trajectories (env TRAJLAKE_TRAJECTORIES)",
-    )
-    for name, kind, default, text in (
-        ("turns", int, 6, "mean turns per trajectory"),
-        ("max-turns", int, 32, "turn limit"),
-        ("prompt-tokens", int, 512, "mean prompt tokens"),
-        ("output-tokens", int, 256, "mean output tokens per turn"),
-        ("env-tokens", int, 128, "mean tool-output tokens per turn"),
-        ("tool-error-rate", float, 0.1, "probability a tool call fails"),
-        ("tool-timeout-rate", float, 0.02, "probability a tool call times out"),
-        ("system-failure-rate", float, 0.05, "probability of a system failure"),
-        ("policy-versions", int, 8, "policy versions over the run"),
-        ("group-size", int, 8, "samples per prompt group"),
-        ("vocab-size", int, 151_936, "vocabulary size"),
-        ("context-budget-tokens", int, 32_768, "context budget"),
-        ("seed", int, 0, "random seed"),
-    ):
-        env = name.upper().replace("-", "_")
-        p.add_argument(
-            f"--{name}",
-            type=kind,
-            default=kind(env_default(env, str(default))),
-            help=f"{text} (env TRAJLAKE_{env}; default %(default)s)",
-        )
-    add_kafka_option(p, "produce to Apache Kafka instead of the in-process bus (env TRAJLAKE_KAFKA)")
-    p.add_argument(
-        "--topic", default=env_default("TOPIC", "trajlake-events"), help="Kafka topic (env TRAJLAKE_TOPIC)"
-    )
-    p.add_argument("--json", action="store_true", help="print the counts produced as JSON")
-    p.set_defaults(handler=run_loadgen)
 
 
 def run_sql(args: argparse.Namespace) -> int:
@@ -134,9 +77,7 @@ def run_compact(args: argparse.Namespace) -> int:
         report = None
         with Progress(len(TABLES), "compact", unit="tables") as progress:
             for name in TABLES:
-                part = compact(
-                    lake, [name], args.retention_hours, args.allow_short_retention, not args.no_vacuum
-                )
+                part = compact(lake, [name], args.retention_hours, args.allow_short_retention, args.vacuum)
                 report = part if report is None else _merge_reports(report, part)
                 progress.update()
     except LakeError as err:
@@ -155,83 +96,3 @@ def _merge_reports(a: Any, b: Any) -> Any:
     a.files_added.update(b.files_added)
     a.vacuumed.update(b.vacuumed)
     return a
-
-
-def run_loadgen(args: argparse.Namespace) -> int:
-    import threading
-
-    from pydantic import ValidationError
-
-    from trajlake.rollout.loadgen import LoadgenConfig, generate
-    from trajlake.schemas.terminal import Progress
-
-    try:
-        config = LoadgenConfig(
-            trajectories=args.trajectories, run_id=args.run_id, turns=args.turns, max_turns=args.max_turns,
-            prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, env_tokens=args.env_tokens,
-            tool_error_rate=args.tool_error_rate, tool_timeout_rate=args.tool_timeout_rate,
-            system_failure_rate=args.system_failure_rate, policy_versions=args.policy_versions,
-            group_size=args.group_size, vocab_size=args.vocab_size,
-            context_budget_tokens=args.context_budget_tokens, seed=args.seed,
-        )  # fmt: skip
-    except ValidationError as err:
-        options = {f: f"--{f.replace('_', '-')} or TRAJLAKE_{f.upper()}" for f in LoadgenConfig.model_fields}
-        raise CliError(settings_error(err, options)) from None
-    sink_thread = None
-    stop = threading.Event()
-    if args.kafka:
-        from trajlake.ingest.bus import setup_bus
-
-        bus = setup_bus(kind="kafka", bootstrap=args.kafka, topic=args.topic)
-    else:
-        from trajlake.ingest.bus.inprocess import InProcessBus
-        from trajlake.ingest.sink import DeltaSink
-        from trajlake.store.lake import Lake
-
-        bus = InProcessBus()
-        sink = DeltaSink(Lake(args.lake), bus)
-        failed: list[BaseException] = []
-
-        def consume() -> None:
-            try:
-                sink.run(stop_event=stop)
-            except BaseException as err:  # raised below, in the command's thread
-                failed.append(err)
-
-        sink_thread = threading.Thread(target=consume, name="sink", daemon=True)
-        sink_thread.start()
-    with Progress(config.trajectories, "loadgen", unit="traj") as progress:
-        counts = generate(bus, config, on_trajectory=lambda _: progress.update())
-    if sink_thread is not None:
-        stop.set()
-        sink_thread.join()
-        if failed:
-            raise failed[0]
-        sink.run(until_idle_s=0)  # drain what arrived after the thread's last poll
-    bus.close()
-    result = {
-        "events": counts.events,
-        "trajectories": counts.trajectories,
-        "turns": counts.turns,
-        "tokens": counts.tokens,
-    }
-    undelivered = getattr(bus, "undelivered", 0)
-    if args.kafka:
-        result["undelivered_messages"] = undelivered
-    if args.json:
-        print(json.dumps(result))
-    else:
-        where = f"Kafka topic {args.topic} at {args.kafka}" if args.kafka else args.lake
-        verb, to = ("generated", "for") if undelivered else ("wrote", "to")
-        print(
-            f"{verb} {counts.events} events, {counts.trajectories} trajectories, {counts.tokens} tokens {to} {where}"
-        )
-    if undelivered:
-        spool = bus.config.spool_dir / bus.topic  # type: ignore[attr-defined]
-        print(
-            f"trajlake loadgen: {undelivered} messages did not reach Kafka at {args.kafka}; they wait in "
-            f"{spool}, and the next producer of topic {bus.topic} delivers them",
-            file=sys.stderr,
-        )
-        return 1
-    return 0

@@ -62,13 +62,16 @@ def _bins(sizes: list[tuple[str, int]], target: int) -> list[list[str]]:
 
 def optimize(lake: Lake, name: str, target_bytes: int = TARGET_FILE_BYTES) -> tuple[int, int]:
     """Merge the small files of one table; return (files removed, files added)."""
+    from trajlake.store.lake import SCHEMAS
+
     fs, root = lake.filesystem()
     table_root = f"{root}/{name}"
     infos = fs.get_file_info([f"{table_root}/{uri.rsplit('/', 1)[1]}" for uri in lake.files(name)])
     small = sorted((i.path, i.size) for i in infos if i.size < target_bytes)
     removed = added = 0
     for group in _bins(small, target_bytes):
-        data = pa.concat_tables([pq.read_table(p, filesystem=fs) for p in group])
+        # the table's full schema: a file older than a column gets it, as null
+        data = pa.concat_tables([pq.read_table(p, filesystem=fs, schema=SCHEMAS[name]) for p in group])
         written = lake.write_file(name, data)
         add = AddAction(written.path, written.size, {}, written.modification_time, False, written.stats)
         now = int(time.time() * 1000)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from trajlake.schemas.errors import TrajlakeError
 
-class LakeError(RuntimeError):
+
+class LakeError(TrajlakeError, RuntimeError):
     """A lake operation failed; `table_uri` says where."""
 
     def __init__(self, message: str, *, table_uri: str | None = None) -> None:

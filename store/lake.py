@@ -26,11 +26,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, Field, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction
 
 from trajlake.schemas.events import EVENTS_SCHEMA
+from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import TABLE_SCHEMAS
 from trajlake.store.config import LakeConfig
 from trajlake.store.errors import CommitConflict, LakeError, TxnFenced
@@ -41,6 +42,8 @@ STATS_COLUMNS = ("run_id", "trajectory_id", "seq", "event_type", "step")
 """Columns whose min/max go into the Delta log, so readers can skip files."""
 
 COMMIT_RETRIES = 20
+EVOLVED_APP_ID = "trajlake-schema"
+"""A `txn` app id in the commit that gave a table new columns: its files may lack some of them."""
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -73,6 +76,7 @@ class Lake:
         self.config = config or LakeConfig()
         self.storage_options = dict(storage_options or _storage_options_from_env())
         self._tables: dict[str, DeltaTable] = {}
+        self._evolved: set[str] = set()  # tables whose stored schema has every column of SCHEMAS
         self._lock = threading.RLock()
         self._sql: Any = None
         if self.is_local:
@@ -164,6 +168,44 @@ class Lake:
             return None
         return self.delta(name).transaction_version(app_id)
 
+    def _snapshot(self, name: str) -> DeltaTable:
+        """The table as last loaded (by `files`, `version`, …), without polling the log again."""
+        with self._lock:
+            return self._tables.get(name) or self.delta(name)
+
+    def stored_columns(self, name: str) -> list[str]:
+        """The columns of table `name` as stored (a lake written by an older trajlake may lack some)."""
+        return list(self._snapshot(name).schema().to_arrow().names)
+
+    def may_mix_schemas(self, name: str) -> bool:
+        """True once `name` gained columns after files were written: older files lack them."""
+        return self._snapshot(name).transaction_version(EVOLVED_APP_ID) is not None
+
+    def _evolve(self, name: str) -> None:
+        """Add the columns of `SCHEMAS[name]` that the stored table lacks (nullable, at the end).
+
+        A lake written before a field was declared takes that field's column on its first
+        write; its older files keep their columns and readers fill the new ones with null.
+        """
+        with self._lock:
+            if name in self._evolved:
+                return
+            table = self.delta(name)
+            stored = set(table.schema().to_arrow().names)
+            missing = [f for f in SCHEMAS[name] if f.name not in stored]
+            if missing:
+                marker = Transaction(app_id=EVOLVED_APP_ID, version=len(stored))
+                try:
+                    table.alter.add_columns(
+                        [Field.from_arrow(f) for f in missing],
+                        commit_properties=CommitProperties(app_transactions=[marker]),
+                    )
+                except CommitFailedError:  # another writer evolved it first
+                    table.update_incremental()
+                    if set(SCHEMAS[name].names) - set(table.schema().to_arrow().names):
+                        raise
+            self._evolved.add(name)
+
     def files(self, name: str) -> list[str]:
         """Paths of the Parquet files in the current snapshot of `name`."""
         if not self.exists(name):
@@ -173,7 +215,7 @@ class Lake:
     # -- writes --------------------------------------------------------------------------
     def write_file(self, name: str, data: pa.Table) -> AddAction:
         """Write `data` as one new Parquet file of table `name` (not yet committed)."""
-        self.delta(name)  # creates the table (and its directory) on first write
+        self._evolve(name)  # creates the table (and its directory) on first write
         data = _cast(data, SCHEMAS[name])
         if data.num_columns and data.column(0).num_chunks > 1:
             data = data.combine_chunks()  # many small batches write far slower than one
@@ -239,6 +281,7 @@ class Lake:
         else `TxnFenced` is raised: how a sink that lost its partitions is kept from
         committing them twice.
         """
+        self._evolve(name)
         txns = [Transaction(app_id=k, version=int(v)) for k, v in (app_transactions or {}).items()]
         if expect_txns is not None:
             return self._commit_fenced(name, actions, txns, mode, expect_txns)
@@ -293,18 +336,19 @@ class Lake:
         Zero retries: a commit that lost a race fails instead of being rebased blindly onto a
         snapshot where another writer may have stored the same offsets; it is re-checked here.
         """
-        for attempt in range(COMMIT_RETRIES * 5):
-            table = self.check_txns(name, expect_txns)
-            try:
-                write(table)
-            except CommitFailedError:
-                time.sleep(min(0.5, 0.01 * (attempt + 1)))
-                continue
-            table.update_incremental()
-            return table.version()
-        raise CommitConflict(
-            f"commit to {name} kept losing races with other writers", table_uri=self.uri(name)
-        )
+        try:
+            for attempt in retrying(
+                retry_on=CommitFailedError, attempts=COMMIT_RETRIES * 5, wait=lambda n: min(0.5, 0.01 * n)
+            ):
+                with attempt:
+                    table = self.check_txns(name, expect_txns)  # TxnFenced is final: not retried
+                    write(table)
+        except CommitFailedError:
+            raise CommitConflict(
+                f"commit to {name} kept losing races with other writers", table_uri=self.uri(name)
+            ) from None
+        table.update_incremental()
+        return table.version()
 
     def append(self, name: str, data: pa.Table, app_transactions: Mapping[str, int] | None = None) -> int:
         """Append rows (possibly none) and `txn` actions atomically; return the new version."""
@@ -332,6 +376,7 @@ class Lake:
             if expect_txns is not None:
                 return self.commit(name, [], app_transactions, expect_txns=expect_txns)
             return self.append(name, data, app_transactions)
+        self._evolve(name)
         predicate = " AND ".join(f"t.{k} = s.{k}" for k in keys)
         txns = [Transaction(app_id=k, version=int(v)) for k, v in (app_transactions or {}).items()]
         source = _cast(data, SCHEMAS[name])
@@ -358,15 +403,28 @@ class Lake:
         return table.version()
 
     # -- reads ---------------------------------------------------------------------------
-    def read(self, name: str, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
-        """Rows of a stored table (no views), optionally projected and filtered with SQL."""
+    def read(
+        self,
+        name: str,
+        columns: Sequence[str] | None = None,
+        where: str | None = None,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+    ) -> pa.Table:
+        """Rows of a stored table (no views), optionally projected and filtered with SQL.
+
+        Args:
+            name: the table.
+            columns: columns to read (all if None).
+            where: a SQL condition; values go in `params` (`?` or `$name`), never into the text.
+            params: DuckDB parameters of `where`.
+        """
         from trajlake.store.sql import read_files
 
-        return read_files(self, name, columns, where)
+        return read_files(self, name, columns, where, params)
 
-    def sql(self, query: str) -> pa.Table:
-        """Run one read-only SQL query over every table; return Arrow."""
-        return self.query_engine().sql(query)
+    def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
+        """Run one read-only SQL query over every table, with DuckDB `params`; return Arrow."""
+        return self.query_engine().sql(query, params)
 
     def query_engine(self) -> Any:
         """The lake's shared read-only DuckDB engine (`trajlake.store.sql.QueryEngine`)."""

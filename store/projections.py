@@ -12,19 +12,31 @@ from all their events and merged, which makes every update idempotent.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from trajlake.schemas.events import EVENTS_SCHEMA as SCHEMAS_EVENTS
+from trajlake.schemas.events import TOKEN_FIELDS
+from trajlake.schemas.fields import (
+    FIELDS,
+    REWARD,
+    TOOL_CALL,
+    TOOL_RESULT,
+    TRAJECTORY_FINISHED,
+    TRAJECTORY_STARTED,
+    feeds_into,
+)
+from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
 from trajlake.store.errors import CommitConflict, TxnFenced
-from trajlake.store.sql import sql_in_list
+from trajlake.store.sql import placeholders
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -37,29 +49,70 @@ KEYS: dict[str, tuple[str, ...]] = {
     "tool_calls": ("run_id", "trajectory_id", "call_id"),
 }
 
-TURNS_SQL = """
-select run_id, trajectory_id, event_id, seq, turn_index, policy_version,
-  n_input_tokens, n_output_tokens, n_loss_tokens,
-  coalesce(input_is_full, false) as input_is_full, finish_reason, context_used_fraction,
-  coalesce(nudged, false) as nudged, coalesce(tito_drift, false) as tito_drift, latency_s,
-  sum_logprob, event_time
+_ANY = object()
+
+
+def fed(
+    table: str,
+    refer: Callable[[str, str | None], list[str]] = lambda name, source: [name],
+    source: object = _ANY,
+) -> str:
+    """The select list of the columns event fields feed into `table` (see `schemas/fields.py`).
+
+    Args:
+        table: the projection.
+        refer: how to read field `name` that comes from event type `source` (e.g. `c.name`);
+            several expressions are coalesced, in order.
+        source: only the fields taken from this event type.
+    """
+    parts = []
+    for field, feed in feeds_into(table):
+        if source is not _ANY and feed.source != source:
+            continue
+        column = feed.column or field.name
+        values = [feed.sql] if feed.sql else refer(field.name, feed.source)
+        if feed.default is not None:
+            values.append(feed.default)
+        expr = values[0] if len(values) == 1 else f"coalesce({', '.join(values)})"
+        parts.append(expr if expr.split(".")[-1] == column else f"{expr} as {column}")
+    return ", ".join(parts)
+
+
+def _call_or_result(name: str, source: str | None) -> list[str]:
+    return {TOOL_CALL: [f"c.{name}"], TOOL_RESULT: [f"r.{name}"], None: [f"c.{name}", f"r.{name}"]}[source]
+
+
+def _first(name: str, source: str | None) -> list[str]:
+    return [f"arg_min({name}, seq)"]
+
+
+def _last(name: str, source: str | None) -> list[str]:
+    return [f"arg_max({name}, seq)"]
+
+
+def _from_cte(name: str, source: str | None) -> list[str]:
+    return [f"{_TRAJECTORY_CTES[source]}.{name}"]
+
+
+_TRAJECTORY_CTES = {TRAJECTORY_STARTED: "s", REWARD: "r", TRAJECTORY_FINISHED: "f"}
+
+TURNS_SQL = f"""
+select run_id, trajectory_id, event_id, seq, n_input_tokens, n_output_tokens, n_loss_tokens, sum_logprob,
+  event_time, {fed("turns")}
 from e where event_type = 'turn'
 """
 
-TOOL_CALLS_SQL = """
+TOOL_CALLS_SQL = f"""
 with c as (select * from e where event_type = 'tool_call'),
      r as (select * from e where event_type = 'tool_result')
 select coalesce(c.run_id, r.run_id) as run_id, coalesce(c.trajectory_id, r.trajectory_id) as trajectory_id,
-  coalesce(c.call_id, r.call_id) as call_id, coalesce(c.tool_name, r.tool_name) as tool_name,
-  c.arguments, coalesce(c.is_code_execution, r.is_code_execution, false) as is_code_execution,
-  r.event_id is not null as has_result, r.ok, r.error_type,
-  coalesce(r.timed_out, false) as timed_out, coalesce(r.truncated, false) as truncated,
-  r.output_tokens, coalesce(r.retries, 0)::int as retries, r.latency_s,
-  c.seq as call_seq, r.seq as result_seq, c.event_time as called_at, r.event_time as finished_at
+  r.event_id is not null as has_result, c.seq as call_seq, r.seq as result_seq,
+  c.event_time as called_at, r.event_time as finished_at,
+  {fed("tool_calls", _call_or_result)}
 from c full outer join r on c.run_id = r.run_id and c.trajectory_id = r.trajectory_id and c.call_id = r.call_id
 """
 
-TRAJECTORIES_SQL = """
+TRAJECTORIES_SQL = f"""
 with ids as (
   select run_id, trajectory_id from e
   where trajectory_id is not null and event_type in
@@ -67,10 +120,8 @@ with ids as (
   group by all
 ),
 s as (
-  select run_id, trajectory_id, arg_min(task_id, seq) as task_id, arg_min(group_id, seq) as group_id,
-    arg_min(sample_index, seq) as sample_index, arg_min(environment, seq) as environment,
-    arg_min(harness, seq) as harness, arg_min(model, seq) as model,
-    arg_min(context_budget_tokens, seq) as context_budget_tokens, min(event_time) as started_at
+  select run_id, trajectory_id, min(event_time) as started_at,
+    {fed("trajectories", _first, TRAJECTORY_STARTED)}
   from e where event_type = 'trajectory_started' group by all
 ),
 t as (
@@ -94,17 +145,16 @@ tc as (
   from tool_calls_rows group by all
 ),
 r as (
-  select run_id, trajectory_id, arg_max(reward, seq) as reward, arg_max(verifier_error, seq) as verifier_error
+  select run_id, trajectory_id, {fed("trajectories", _last, REWARD)}
   from e where event_type = 'reward' group by all
 ),
 f as (
-  select run_id, trajectory_id, arg_max(status, seq) as status, arg_max(failure_origin, seq) as failure_origin,
-    arg_max(failure_label, seq) as failure_label, arg_max(message, seq) as message, max(event_time) as finished_at
+  select run_id, trajectory_id, max(event_time) as finished_at,
+    {fed("trajectories", _last, TRAJECTORY_FINISHED)}
   from e where event_type = 'trajectory_finished' group by all
 )
-select ids.run_id, ids.trajectory_id, s.task_id, s.group_id, s.sample_index, s.environment, s.harness, s.model,
-  s.context_budget_tokens, t.policy_version_min, t.policy_version_max, r.reward, r.verifier_error,
-  f.status, f.failure_origin, f.failure_label, f.message, f.status is not null as finished,
+select ids.run_id, ids.trajectory_id, {fed("trajectories", _from_cte)},
+  t.policy_version_min, t.policy_version_max, f.status is not null as finished,
   coalesce(t.n_turns, 0) as n_turns, coalesce(tc.n_tool_calls, 0) as n_tool_calls,
   coalesce(tc.n_tool_errors, 0) as n_tool_errors, coalesce(tc.n_tool_timeouts, 0) as n_tool_timeouts,
   coalesce(tc.n_tool_truncated, 0) as n_tool_truncated, coalesce(tc.n_tool_retries, 0) as n_tool_retries,
@@ -121,27 +171,18 @@ left join tc using (run_id, trajectory_id) left join r using (run_id, trajectory
 left join f using (run_id, trajectory_id)
 """
 
-POLICY_VERSIONS_SQL = """
-select run_id, policy_version, step, checkpoint, metrics, event_time
+POLICY_VERSIONS_SQL = f"""
+select run_id, event_time, {fed("policy_versions")}
 from e where event_type = 'policy_updated'
 """
 
-BATCH_CONSUMPTION_SQL = """
-select run_id, step, trainer_version, unnest(consumed_trajectory_ids) as trajectory_id,
-  unnest(consumed_staleness) as staleness, event_time
+BATCH_CONSUMPTION_SQL = f"""
+select run_id, event_time, {fed("batch_consumption")}
 from e where event_type = 'batch_consumed'
 """
 
-SCALAR_COLUMNS = (
-    "event_id", "event_type", "run_id", "trajectory_id", "seq", "event_time", "task_id", "group_id",
-    "sample_index", "environment", "harness", "model", "context_budget_tokens", "turn_index",
-    "policy_version", "input_is_full", "finish_reason", "context_used_fraction", "nudged", "tito_drift",
-    "latency_s", "call_id", "tool_name", "arguments", "is_code_execution", "ok", "error_type", "timed_out",
-    "truncated", "output_tokens", "retries", "reward", "verifier_error", "status", "failure_origin",
-    "failure_label", "message", "step", "checkpoint", "metrics", "trainer_version",
-    "consumed_trajectory_ids", "consumed_staleness",
-)  # fmt: skip
-TOKEN_COLUMNS = ("input_token_ids", "output_token_ids", "output_logprobs", "loss_mask")
+SCALAR_COLUMNS = tuple(f.name for f in FIELDS if (f.projected or f.feeds) and not f.tokens)
+TOKEN_COLUMNS = TOKEN_FIELDS
 EVENT_COLUMNS = SCALAR_COLUMNS + TOKEN_COLUMNS
 """The `events` columns projections read (token payloads only for their lengths and sums)."""
 
@@ -236,6 +277,11 @@ def added_files(lake: Lake, after: int, upto: int) -> list[str] | None:
     return paths
 
 
+def _read_events_file(path: str, fs: pafs.FileSystem) -> pa.Table:
+    """The columns projections read of one `events` file; a column newer than the file reads as null."""
+    return pq.read_table(path, columns=list(EVENT_COLUMNS), filesystem=fs, schema=SCHEMAS_EVENTS)
+
+
 def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Table]) -> pa.Table:
     from trajlake.store.lake import SCHEMAS
 
@@ -248,9 +294,7 @@ def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Ta
                 seen.add(id(known[path]))
                 parts.append(scalarize(known[path]))
         else:
-            parts.append(
-                scalarize(pq.read_table(f"{root}/events/{path}", columns=list(EVENT_COLUMNS), filesystem=fs))
-            )
+            parts.append(scalarize(_read_events_file(f"{root}/events/{path}", fs)))
     if not parts:
         return scalarize(SCHEMAS["events"].empty_table())
     return pa.concat_tables(parts)
@@ -266,15 +310,16 @@ def catch_up(lake: Lake, known: Mapping[str, pa.Table] | None = None) -> int:
     upto = lake.version("events")
     if upto < 0:
         return upto
-    for _ in range(100):
-        try:
-            _catch_up_once(lake, upto, known or {})
-            return upto
-        except TxnFenced:
-            continue  # another sink advanced a projection meanwhile: start from its position
-    raise CommitConflict(
-        "projections kept losing races with other writers", table_uri=lake.uri("trajectories")
-    )
+    # TxnFenced: another sink advanced a projection meanwhile; start again from its position
+    try:
+        for attempt in retrying(retry_on=TxnFenced, attempts=100):
+            with attempt:
+                _catch_up_once(lake, upto, known or {})
+    except TxnFenced:
+        raise CommitConflict(
+            "projections kept losing races with other writers", table_uri=lake.uri("trajectories")
+        ) from None
+    return upto
 
 
 def _catch_up_once(lake: Lake, upto: int, known: Mapping[str, pa.Table]) -> None:
@@ -302,8 +347,9 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
     old = sorted(ids - fresh)
     old_rows: dict[str, pa.Table] = {}
     if old:
-        quoted = sql_in_list(old)
-        everything = lake.read("events", EVENT_COLUMNS, where=f"trajectory_id in ({quoted})")
+        everything = lake.read(
+            "events", EVENT_COLUMNS, where=f"trajectory_id in ({placeholders(len(old))})", params=old
+        )
         old_rows = compute(scalarize(everything))
     for name in names:
         rows = fresh_rows[name]
@@ -327,7 +373,7 @@ def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, i
     parts = [scalarize(SCHEMAS_EVENTS.empty_table())]
     for uri in lake.files("events"):
         path = uri.split("://", 1)[1] if "://" in uri else uri
-        parts.append(scalarize(pq.read_table(path, columns=list(EVENT_COLUMNS), filesystem=fs)))
+        parts.append(scalarize(_read_events_file(path, fs)))
     rows = compute(pa.concat_tables(parts))
     counts = {}
     for name in names:

@@ -10,7 +10,7 @@ file outside the lake and reach no network.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -65,18 +65,18 @@ VIEWS = {
 }
 
 
-def sql_string(value: str) -> str:
-    """A SQL string literal for `value` (single quotes doubled)."""
-    return "'" + value.replace("'", "''") + "'"
+Params = Sequence[Any] | Mapping[str, Any] | None
+"""DuckDB parameters: values for `?` placeholders in order, or for `$name` placeholders by name."""
 
 
-def sql_in_list(values: Sequence[str]) -> str:
-    """The inside of an `IN (...)` list of string literals."""
-    return ", ".join(sql_string(v) for v in values)
+def placeholders(n: int) -> str:
+    """`?, ?, ?` for an `IN (...)` list of `n` values passed as parameters."""
+    return ", ".join("?" * n)
 
 
-def _sql_list(paths: Sequence[str]) -> str:
-    return "[" + sql_in_list(paths) + "]"
+def _file_list(paths: Sequence[str]) -> str:
+    """A DuckDB list of file paths for view DDL, which DuckDB cannot take parameters in."""
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
 def register_tables(
@@ -95,13 +95,16 @@ def register_tables(
 
             fs, _ = lake.filesystem()
             paths = [f.split("://", 1)[1] for f in files]
-            dataset = ds.dataset(paths, filesystem=fs, format="parquet")
+            from trajlake.store.lake import SCHEMAS
+
+            # the full schema: files older than a column read it as null
+            dataset = ds.dataset(paths, filesystem=fs, format="parquet", schema=SCHEMAS[name])
             con.register(f"_d_{name}", dataset)
             if datasets is not None:
                 datasets[f"_d_{name}"] = dataset
             con.execute(f"create or replace view _t_{name} as select * from _d_{name}")
         elif files:
-            con.execute(f"create or replace view _t_{name} as select * from read_parquet({_sql_list(files)})")
+            con.execute(f"create or replace view _t_{name} as {_select_files(con, lake, name, files)}")
         else:
             from trajlake.store.lake import SCHEMAS
 
@@ -112,15 +115,39 @@ def register_tables(
             con.execute(f"create or replace view _t_{name} as select * from _empty_{name}")
 
 
-def read_files(lake: Lake, name: str, columns: Sequence[str] | None, where: str | None) -> pa.Table:
-    """Internal read of one stored table (trusted SQL: no read-only guard)."""
+def _select_files(con: duckdb.DuckDBPyConnection, lake: Lake, name: str, files: Sequence[str]) -> str:
+    """A query over local Parquet files of `name` with every column of its schema.
+
+    Columns the stored table lacks (a lake from before a field existed) read as null; once
+    a table has gained columns, its files are read by column name, older ones without them.
+    """
+    from trajlake.store.lake import SCHEMAS
+
+    schema = SCHEMAS[name]
+    stored = set(lake.stored_columns(name))
+    mixed = lake.may_mix_schemas(name)
+    source = f"read_parquet({_file_list(files)}{', union_by_name = true' if mixed else ''})"
+    missing = [f for f in schema if f.name not in stored]
+    if not missing and not mixed:
+        return f"select * from {source}"
+    if missing:  # one row of typed nulls, joined on: a cast for every Arrow type, done by DuckDB
+        con.execute(f"drop table if exists _nulls_{name}")
+        con.from_arrow(pa.table({f.name: pa.nulls(1, f.type) for f in missing})).create(f"_nulls_{name}")
+        source += f", _nulls_{name}"
+    return "select " + ", ".join(f'"{c}"' for c in schema.names) + f" from {source}"
+
+
+def read_files(
+    lake: Lake, name: str, columns: Sequence[str] | None, where: str | None, params: Params = None
+) -> pa.Table:
+    """Internal read of one stored table (trusted SQL: no read-only guard); values go in `params`."""
     con = duckdb.connect()
     try:
         con.execute("set threads to 2")
         register_tables(con, lake, [name])
         cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
         query = f"select {cols} from _t_{name}" + (f" where {where}" if where else "")
-        return con.sql(query).to_arrow_table()
+        return con.sql(query, params=params).to_arrow_table()
     finally:
         con.close()
 
@@ -146,7 +173,7 @@ class QueryEngine:
             self.con.execute(f"create or replace view {name} as {body}")
         if lake.is_local:
             root = lake.root.rstrip("/") + "/"
-            self.con.execute(f"set allowed_directories = {_sql_list([root])}")
+            self.con.execute("set allowed_directories = ?", [[root]])
         self.con.execute("set enable_external_access = false")
         self.con.execute("set lock_configuration = true")
 
@@ -166,7 +193,7 @@ class QueryEngine:
                 cur.register(name, dataset)
             return cur
 
-    def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
+    def sql(self, query: str, params: Params = None) -> pa.Table:
         """Run one read-only statement; raise `ReadOnlyQueryError` for anything that writes."""
         check_read_only(query)
         cur = self.cursor()

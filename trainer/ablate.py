@@ -23,10 +23,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from trajlake.trainer.batch import Batch
-from trajlake.trainer.config import SamplerConfig, TrainerConfig
+from trajlake.trainer.config import AblationConfig, SamplerConfig, TrainerConfig
 from trajlake.trainer.policy import TinyPolicy
 from trajlake.trainer.sampler import Sampler
 from trajlake.trainer.step import evaluate_configs, policy_step
@@ -36,42 +35,6 @@ if TYPE_CHECKING:
 
 EVAL_METRICS = ("loss", "grad_norm", "weight_spread", "masked_fraction", "clip_fraction")
 TRAIN_METRICS = ("reward_proxy", "entropy", "drift")
-
-
-class AblationConfig(BaseModel):
-    """Which configurations to compare, on how much data, with how many seeds."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    run_id: str = Field(..., min_length=1, description="Run whose stored data to replay.")
-    aggregations: list[str] = Field(
-        ["token_mean", "sequence_mean", "prompt_mean"], min_length=1, description="Aggregation modes."
-    )
-    policy_losses: list[str] = Field(["ppo", "dppo", "glm5"], min_length=1, description="Policy losses.")
-    steps: int = Field(2, ge=1, description="Batches to replay.")
-    seeds: int = Field(3, ge=1, description="Seeds (initial weights) per configuration.")
-    train: bool = Field(False, description="Take an optimiser step per batch (else evaluate only).")
-    groups_per_batch: int = Field(4, ge=1, description="Prompt groups per replayed batch.")
-    micro_batch_tokens: int = Field(
-        262_144,
-        ge=1,
-        description="Token budget per micro-batch (large: the GRU costs per time step, not per row).",
-    )
-    advantage: str = Field("grpo", description="Advantage estimator.")
-    lr: float = Field(1e-3, gt=0, description="Learning rate when training.")
-    max_vocab_size: int = Field(
-        256, ge=2, description="Fold larger vocabularies (id % this): the head dominates CPU time."
-    )
-    d_model: int = Field(
-        32, ge=1, description="Width of the tiny policy (small: ablations replay many configurations)."
-    )
-
-    def trainer_config(self, aggregation: str, policy_loss: str, seed: int) -> TrainerConfig:
-        """The TrainerConfig of one configuration and seed (validates the names)."""
-        return TrainerConfig(
-            run_id=self.run_id, seed=seed, aggregation=aggregation, policy_loss=policy_loss, advantage=self.advantage,
-            lr=self.lr, max_vocab_size=self.max_vocab_size, d_model=self.d_model,
-        )  # fmt: skip
 
 
 def replay_batches(lake: Lake, config: AblationConfig) -> list[Batch]:

@@ -1,10 +1,14 @@
-"""Settings of the sampler and the trainer (pydantic, extra="forbid"; every field has an env var)."""
+"""Settings of the sampler, the trainer and its commands (`train`, `ablate`, `select-overfit`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from trajlake.schemas.settings import LakeSettings, RunSettings, Settings, cli
+from trajlake.store.config import CatalogSettings
 
 AGGREGATION_MODES = ("token_mean", "sequence_mean", "prompt_mean")
 POLICY_LOSSES = ("ppo", "dppo", "dppo_kl", "glm5", "tis")
@@ -58,10 +62,10 @@ class SamplerConfig(BaseModel):
     )
 
 
-class TrainerConfig(BaseModel):
-    """The reference trainer: model, optimiser, loss and where to write."""
+class TrainerConfig(Settings):
+    """The reference trainer: model, optimiser, loss and where to write (env TRAJLAKE_TRAINER_<FIELD>)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_TRAINER_")
 
     run_id: str = Field(
         "demo", min_length=1, description="Run to train on and to publish policy versions for."
@@ -116,3 +120,80 @@ class TrainerConfig(BaseModel):
         if self.policy_loss in ("dppo", "dppo_kl"):
             return {"delta": self.dppo_delta}
         return {"cap": self.tis_cap}
+
+
+class AblationConfig(RunSettings):
+    """Which configurations to compare, on how much data, with how many seeds (env TRAJLAKE_ABLATE_<FIELD>)."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_ABLATE_")
+
+    aggregations: Annotated[list[str], NoDecode] = Field(
+        ["token_mean", "sequence_mean", "prompt_mean"],
+        min_length=1,
+        description=f"Aggregation modes, comma-separated: {', '.join(AGGREGATION_MODES)}.",
+        json_schema_extra=cli("--aggregation"),
+    )
+    policy_losses: Annotated[list[str], NoDecode] = Field(
+        ["ppo", "dppo", "glm5"],
+        min_length=1,
+        description=f"Policy losses, comma-separated: {', '.join(POLICY_LOSSES)}.",
+        json_schema_extra=cli("--policy-loss"),
+    )
+    steps: int = Field(2, ge=1, description="Batches to replay.")
+    seeds: int = Field(3, ge=1, description="Seeds (initial weights) per configuration.")
+    train: bool = Field(False, description="Take an optimiser step per batch (else evaluate only).")
+    groups_per_batch: int = Field(4, ge=1, description="Prompt groups per replayed batch.")
+    micro_batch_tokens: int = Field(
+        262_144,
+        ge=1,
+        description="Token budget per micro-batch (large: the GRU costs per time step, not per row).",
+    )
+    advantage: str = Field("grpo", description="Advantage estimator.")
+    lr: float = Field(1e-3, gt=0, description="Learning rate when training.")
+    max_vocab_size: int = Field(
+        256, ge=2, description="Fold larger vocabularies (id % this): the head dominates CPU time."
+    )
+    d_model: int = Field(
+        32, ge=1, description="Width of the tiny policy (small: ablations replay many configurations)."
+    )
+
+    @field_validator("aggregations", "policy_losses", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+
+    def trainer_config(self, aggregation: str, policy_loss: str, seed: int) -> TrainerConfig:
+        """The TrainerConfig of one configuration and seed (validates the names)."""
+        return TrainerConfig(
+            run_id=self.run_id, seed=seed, aggregation=aggregation, policy_loss=policy_loss, advantage=self.advantage,
+            lr=self.lr, max_vocab_size=self.max_vocab_size, d_model=self.d_model,
+        )  # fmt: skip
+
+
+class AblateOutput(Settings):
+    """`trajlake ablate`: where the report goes besides the terminal."""
+
+    json_path: str | None = Field(
+        None,
+        validation_alias="TRAJLAKE_ABLATE_JSON",
+        description="also write the report as JSON to PATH",
+        json_schema_extra=cli("--json", metavar="PATH"),
+    )
+
+
+class OverfitSettings(Settings):
+    """`trajlake select-overfit`: how many tasks, with how many samples each."""
+
+    n: int = Field(32, ge=1, description="tasks wanted")
+    min_samples: int = Field(2, ge=1, description="samples a task needs")
+
+
+class TrainSettings(LakeSettings, RunSettings, CatalogSettings):
+    """`trajlake train`: where the run's data and catalog are, and how long to wait for data."""
+
+    wait_s: float = Field(
+        0.0, ge=0, description="seconds to wait for a batch before stopping", json_schema_extra=cli("--wait")
+    )
+    trainer_config: str | None = Field(
+        None, description="JSON object of TrainerConfig fields", json_schema_extra=cli("--config")
+    )

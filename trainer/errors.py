@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from trajlake.schemas.errors import TrajlakeError
 
-class TrainerError(RuntimeError):
+
+class TrainerError(TrajlakeError, RuntimeError):
     """A trainer-side failure."""
 
 

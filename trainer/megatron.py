@@ -89,12 +89,20 @@ def build_gpt_model(vocab_size: int, config: MegatronConfig, use_cpu_initializat
         params_dtype=dtype,
         pipeline_dtype=dtype,
     )
-    return GPTModel(
+    model = GPTModel(
         config=transformer,
         transformer_layer_spec=get_gpt_layer_local_spec(),
         vocab_size=vocab_size,
         max_sequence_length=config.max_sequence_length,
     )
+    if not config.bf16:
+        return model
+    # Megatron's own mixed-precision wrapper: every parameter in bf16 (the local spec's norms are
+    # built in fp32, and a bare bf16 GPTModel fails "expected mat1 and mat2 to have the same dtype"
+    # on the H200), logits returned in fp32.
+    from megatron.core.transformer.module import Float16Module
+
+    return Float16Module(transformer, model)
 
 
 class MegatronPolicy(torch.nn.Module):

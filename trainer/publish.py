@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.ingest.recorder import Recorder
     from trajlake.store.lake import Lake
 
 

@@ -15,9 +15,9 @@ staleness) are appended to `trainer_steps`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ from trajlake.trainer.sampler import Sampler
 from trajlake.trainer.step import policy_step
 
 if TYPE_CHECKING:
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.ingest.recorder import Recorder
     from trajlake.store.catalog import Catalog
     from trajlake.store.lake import Lake
 
@@ -48,7 +48,8 @@ def run_vocab_size(lake: Lake, run_id: str) -> int | None:
     table = lake.read(
         "events",
         ["vocab_size"],
-        where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}' and vocab_size is not null",
+        where="run_id = $run and vocab_size is not null",
+        params={"run": run_id},
     )
     values = [v for v in table.column("vocab_size").to_pylist() if v]
     return max(values) if values else None
@@ -56,9 +57,7 @@ def run_vocab_size(lake: Lake, run_id: str) -> int | None:
 
 def run_policy_version(lake: Lake, run_id: str) -> int | None:
     """The highest policy version the run's events announced, if any."""
-    table = lake.read(
-        "policy_versions", ["policy_version"], where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}'"
-    )
+    table = lake.read("policy_versions", ["policy_version"], where="run_id = $run", params={"run": run_id})
     values = [v for v in table.column("policy_version").to_pylist() if v is not None]
     return max(values) if values else None
 
@@ -182,28 +181,15 @@ class ReferenceTrainer:
             self.catalog.close()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m trajlake.trainer.reference --lake D --run R [--steps N] [--rank K]`: train and print metrics."""
+def train(lake_root: str, config: TrainerConfig, catalog_url: str | None = None, wait_s: float = 0.0) -> int:
+    """Train on the lake at `lake_root` and print one JSON line of metrics per step."""
     from trajlake.store.lake import Lake
 
-    parser = argparse.ArgumentParser(prog="trajlake-train", description=main.__doc__)
-    parser.add_argument("--lake", default=os.environ.get("TRAJLAKE_LAKE", "./trajlake-data"))
-    parser.add_argument("--run", default=os.environ.get("TRAJLAKE_RUN", "demo"))
-    parser.add_argument("--steps", type=int, default=int(os.environ.get("TRAJLAKE_STEPS", "10")))
-    parser.add_argument("--rank", type=int, default=int(os.environ.get("TRAJLAKE_RANK", "0")))
-    parser.add_argument("--catalog", default=os.environ.get("TRAJLAKE_CATALOG_URL"))
-    parser.add_argument(
-        "--config", default=os.environ.get("TRAJLAKE_TRAINER_CONFIG"), help="JSON of TrainerConfig fields"
-    )
-    parser.add_argument("--wait", type=float, default=float(os.environ.get("TRAJLAKE_WAIT_S", "0")))
-    args = parser.parse_args(argv)
-    extra = json.loads(args.config) if args.config else {}
-    config = TrainerConfig(**{"run_id": args.run, "steps": args.steps, "rank": args.rank, **extra})
-    lake = Lake(args.lake)
-    trainer = ReferenceTrainer(lake, config, catalog_url=args.catalog)
+    lake = Lake(lake_root)
+    trainer = ReferenceTrainer(lake, config, catalog_url=catalog_url)
     trainer.setup()
     try:
-        for metrics in trainer.train(wait_s=args.wait):
+        for metrics in trainer.train(wait_s=wait_s):
             print(
                 json.dumps(
                     {k: metrics[k] for k in ("step", "trainer_version", "loss", "grad_norm", "mismatch")}
@@ -216,9 +202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m trajlake.trainer.reference --lake D --run R [--steps N] [--rank K]`: `trajlake train`."""
+    from trajlake.cli import main as cli_main
 
+    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
     os._exit(code)  # deltalake's runtime threads can abort a normal interpreter exit

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trajlake.store.sql import sql_string
 from trajlake.trainer.batch import Batch, SamplerStats, TrajectorySample, pack_micro_batches
 from trajlake.trainer.config import SamplerConfig
 from trajlake.trainer.errors import LeaseLostError
@@ -34,7 +33,7 @@ from trajlake.trainer.publish import publish_batch_consumed
 from trajlake.trainer.tokens import read_tokens
 
 if TYPE_CHECKING:
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.ingest.recorder import Recorder
     from trajlake.store.catalog import Catalog
     from trajlake.store.lake import Lake
 
@@ -100,7 +99,7 @@ class Sampler:
         cfg = self.config
         now = now or dt.datetime.now(dt.UTC)
         rows = self.lake.sql(
-            f"select {', '.join(SCALAR_COLUMNS)} from trajectories where run_id = {sql_string(cfg.run_id)}"
+            f"select {', '.join(SCALAR_COLUMNS)} from trajectories where run_id = $run", {"run": cfg.run_id}
         )
         taken = self.catalog.unavailable_ids(cfg.run_id) if self.catalog is not None else set()
         cols = {name: rows.column(name).to_pylist() for name in SCALAR_COLUMNS}

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajlake.store.sql import sql_in_list, sql_string
+from trajlake.store.sql import placeholders
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -53,8 +53,8 @@ def read_from_events(lake: Lake, run_id: str, trajectory_ids: Sequence[str]) -> 
     """Token arrays of each trajectory, assembled from its `turn` events."""
     if not trajectory_ids:
         return {}
-    where = f"event_type = 'turn' and run_id = {sql_string(run_id)} and trajectory_id in ({sql_in_list(trajectory_ids)})"
-    turns = lake.sql(f"select {', '.join(TURN_COLUMNS)} from events where {where}")
+    where = f"event_type = 'turn' and run_id = ? and trajectory_id in ({placeholders(len(trajectory_ids))})"
+    turns = lake.sql(f"select {', '.join(TURN_COLUMNS)} from events where {where}", [run_id, *trajectory_ids])
     return assemble(turns)
 
 
@@ -104,9 +104,9 @@ def read_from_view(lake: Lake, run_id: str, trajectory_ids: Sequence[str]) -> di
         return {}
     query = (
         "select trajectory_id, token_ids, logprobs, loss_mask from trajectories "
-        f"where run_id = {sql_string(run_id)} and trajectory_id in ({sql_in_list(trajectory_ids)})"
+        f"where run_id = ? and trajectory_id in ({placeholders(len(trajectory_ids))})"
     )
-    table = lake.sql(query)
+    table = lake.sql(query, [run_id, *trajectory_ids])
     tids = table.column("trajectory_id").to_pylist()
     ids, at = _flat(table.column("token_ids"), np.int32)
     lps, _ = _flat(table.column("logprobs"), np.float32)

@@ -1,13 +1,22 @@
-"""Buses: how events travel from producers to the sink. Built by `setup_bus` from a `type`."""
+"""Buses: how events travel from a `Publisher` to the sink's `Consumer`. Built by `setup_bus` from a `type`."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from trajlake.ingest.bus.base import Bus, Message, SourcePosition
+from trajlake.ingest.bus.base import Bus, Consumer, Message, Publisher, SourcePosition, SpoolStats
 from trajlake.ingest.bus.inprocess import InProcessBus
 
-__all__ = ["Bus", "InProcessBus", "Message", "SourcePosition", "setup_bus"]
+__all__ = [
+    "Bus",
+    "Consumer",
+    "InProcessBus",
+    "Message",
+    "Publisher",
+    "SourcePosition",
+    "SpoolStats",
+    "setup_bus",
+]
 
 
 def setup_bus(

@@ -1,19 +1,25 @@
-"""The `Bus` interface: how events travel from producers to the sink.
+"""The bus interfaces by role: a `Publisher` sends events, a `Consumer` hands them to the sink.
 
 A message carries one or more events of one trajectory, encoded by `trajlake.ingest.codec`;
 its key is the trajectory id, so a trajectory stays ordered on one partition. Every
 message the sink sees has a `SourcePosition`, which is what exactly-once is built on.
+A backend implements the roles it can play: `InProcessBus` and `KafkaBus` both (`Bus`); a
+worker's `CollectingBus` only publishes.
 """
 
 from __future__ import annotations
 
-import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from trajlake.schemas.errors import TrajlakeError
+
+PartitionCallback = Callable[[list[int]], None]
 
 
-class BusUnreachable(ConnectionError):
+class BusUnreachable(TrajlakeError, ConnectionError):
     """The bus's brokers could not be reached in time; the message says how to fix it."""
 
 
@@ -45,43 +51,88 @@ class Message:
     timestamp_ms: int | None = None
 
 
-class Bus(abc.ABC):
-    """Publishes events and hands messages to a consumer, with their positions."""
+@dataclass(frozen=True)
+class SpoolStats:
+    """What a publisher holds back while its bus is unreachable (all zero where it never does)."""
+
+    messages: int = 0  # waiting now (after `close`: left for the next publisher of the topic)
+    bytes: int = 0
+    spooled_total: int = 0
+    delivered_total: int = 0
+    corrupt_total: int = 0  # torn or corrupt spool records found (and logged) when taking files over
+    directory: Path | None = None  # where the waiting messages are kept
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """Sends events to a topic."""
 
     topic: str
 
-    @abc.abstractmethod
     def publish(self, events: Sequence[Mapping[str, Any]]) -> int:
         """Encode `events` (one message per trajectory) and send them; return messages sent."""
+        ...
 
-    @abc.abstractmethod
     def send(self, message: Message) -> None:
-        """Send one already-encoded message (used for raw JSON and for tests of bad input)."""
+        """Send one already-encoded message (raw JSON, pre-encoded Arrow, tests of bad input)."""
+        ...
 
-    @abc.abstractmethod
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Block until published messages are delivered (returns at once where delivery is immediate)."""
+        ...
+
+    def spool_stats(self) -> SpoolStats:
+        """Messages held back for later delivery: `messages` > 0 after `close` means undelivered."""
+        ...
+
+    def close(self) -> None:
+        """Deliver what can be delivered quickly and release connections."""
+        ...
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """Hands messages of a topic to one sink, with their positions.
+
+    Where consumers form a group (Kafka), partitions move between them: the consumer calls
+    `on_assigned` / `on_revoked` / `on_lost` with the partitions concerned. A consumer
+    without a group owns every partition for good and never calls them.
+    """
+
+    topic: str
+    on_assigned: PartitionCallback | None
+    on_revoked: PartitionCallback | None
+    on_lost: PartitionCallback | None
+
     def poll(self, max_messages: int = 1000, timeout_s: float = 0.1) -> list[Message]:
         """Return up to `max_messages` messages, waiting at most `timeout_s` for the first."""
+        ...
 
-    @abc.abstractmethod
     def seek(self, partition: int, offset: int) -> None:
         """Continue consuming `partition` at `offset` (the sink resumes from the Delta log)."""
+        ...
 
-    @abc.abstractmethod
     def assigned_partitions(self) -> list[int]:
         """Partitions this consumer currently reads."""
+        ...
 
     def caught_up(self) -> bool:
-        """True when the last poll left nothing known to be waiting (False when the bus can't tell)."""
-        return False
+        """True when the last poll left nothing known to be waiting (False when it can't tell)."""
+        ...
 
-    def flush(self, timeout_s: float | None = None) -> None:  # noqa: B027 - optional hook
-        """Block until published messages are delivered (no-op where delivery is immediate)."""
+    def commit_offsets(self, next_offsets: Mapping[int, int]) -> None:
+        """Tell the bus how far the sink committed, per partition (advisory: for lag tools only)."""
+        ...
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release connections and threads."""
+    def lag(self, timeout_s: float = 2.0) -> dict[int, int]:
+        """Messages behind the end of each assigned partition."""
+        ...
 
-    def __enter__(self) -> Bus:
-        return self
+    def close(self) -> None:
+        """Leave the group (if any) and release connections."""
+        ...
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+
+@runtime_checkable
+class Bus(Publisher, Consumer, Protocol):
+    """Both roles over one topic: what `setup_bus` builds."""

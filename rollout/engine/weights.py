@@ -28,8 +28,10 @@ from typing import Any
 
 import httpx
 
+from trajlake.schemas.errors import TrajlakeError
 
-class WeightUpdateError(RuntimeError):
+
+class WeightUpdateError(TrajlakeError, RuntimeError):
     """The server did not take the new weights; `serving_version` is what it still serves."""
 
     def __init__(self, message: str, *, serving_version: int | None) -> None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
-from trajlake.rollout.recorder import Recorder
 from trajlake.store.lake import Lake
 
 _NAMESPACE = uuid.UUID("6b1f3c2e-4d5a-4e8f-9a0b-7c6d5e4f3a2b")
@@ -65,7 +65,8 @@ class ImportSession:
         rows = self.lake.read(
             "trajectories",
             columns=["trajectory_id"],
-            where=f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}'",
+            where="run_id = $run",
+            params={"run": run_id},
         )
         return set(rows.column("trajectory_id").to_pylist())
 

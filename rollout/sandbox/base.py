@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import abc
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from trajlake.rollout.config import SandboxConfig
 from trajlake.rollout.errors import SandboxTimeout
+from trajlake.schemas.threads import DeadlineExceeded, call_with_deadline
 
 T = TypeVar("T")
 
@@ -55,22 +55,10 @@ def with_deadline(stage: str, timeout_s: float, fn: Callable[[], T]) -> T:
 
     Remote APIs (Modal) can hang on a dead connection; the caller must get control back.
     """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as err:  # re-raised in the caller's thread below
-            box["error"] = err
-
-    thread = threading.Thread(target=target, name=f"sandbox-{stage}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise SandboxTimeout(f"sandbox {stage} took longer than {timeout_s:g}s", stage=stage)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    try:
+        return call_with_deadline(fn, timeout_s, name=f"sandbox-{stage}")
+    except DeadlineExceeded:
+        raise SandboxTimeout(f"sandbox {stage} took longer than {timeout_s:g}s", stage=stage) from None
 
 
 def setup_sandbox(config: SandboxConfig | None = None, **kwargs: Any) -> Sandbox:

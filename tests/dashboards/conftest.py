@@ -9,14 +9,13 @@ import pyarrow as pa
 import pytest
 
 from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
-from trajlake.rollout.recorder import Recorder
 from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
 from trajlake.store.lake import Lake
 
 RUN_ID = "dash-run"
-APP = Path(__file__).parents[2] / "dashboards" / "app.py"
 
 
 def build_lake(root: Path, trajectories: int = 192, trainer: bool = True, run_id: str = RUN_ID) -> Lake:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from trajlake.dashboards.app import PAGES
+from trajlake.dashboards.commands import APP
 
-APP = Path(__file__).parents[2] / "dashboards" / "app.py"
 RUN = "dash-run"
 CHARTS_PER_PAGE = {
     "overview": 2,

@@ -9,8 +9,8 @@ from trajlake.dashboards.passk import pass_at_k
 from trajlake.ingest import codec
 from trajlake.ingest.bus.base import Message
 from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
-from trajlake.rollout.recorder import Recorder
 
 RUN = "dash-run"
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from trajlake.ingest.broker import BrokerConfig, free_port, start_broker, stop_broker
 from trajlake.ingest.bus.kafka import KafkaBus
 from trajlake.ingest.config import KafkaConfig
+from trajlake.ingest.metrics import SinkMetrics
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.store.lake import Lake
@@ -36,7 +39,7 @@ def test_events_sent_while_the_broker_is_down_are_spooled_then_delivered(
     assert list((tmp_path / "spool" / "spooled").glob("spool-*.bin"))
     assert "unreachable" in caplog.text
     stats = producer.spool_stats()
-    assert stats["spooled_total"] >= producer.spooled() > 0
+    assert stats.spooled_total >= producer.spooled() > 0
     producer.close()  # gives up for now: what is left stays on disk
 
     broker = BrokerConfig(port=port, data_dir=tmp_path / "broker", partitions=2)
@@ -45,16 +48,29 @@ def test_events_sent_while_the_broker_is_down_are_spooled_then_delivered(
         later = KafkaBus(config)  # a new producer takes over the spool and delivers it
         later.flush(timeout_s=60)
         assert later.spooled() == 0
-        assert later.spool_stats()["delivered_total"] > 0
+        delivered = later.spool_stats().delivered_total
+        assert delivered > 0
         later.close()
         assert not list((tmp_path / "spool" / "spooled").glob("spool-*.bin"))
 
         consumer = KafkaBus(config)
+        sink = DeltaSink(lake, consumer, SinkConfig(max_latency_s=0.2))
+        metrics = SinkMetrics(sink, port=free_port())  # the producers of this process show on it too
         try:
-            DeltaSink(lake, consumer, SinkConfig(max_latency_s=0.2)).run(until_idle_s=2.0)
+            sink.run(until_idle_s=2.0, on_tick=metrics.tick)
+            text = httpx.get(f"http://127.0.0.1:{metrics.port}/metrics", timeout=5).text
         finally:
+            metrics.close()
             consumer.close()
     finally:
         stop_broker(broker.data_dir)
     row = lake.sql("select count(*) as n, count(distinct event_id) as d from events").to_pylist()[0]
     assert (row["n"], row["d"]) == (produced, produced)
+    series = {
+        (s.name, s.labels.get("topic")): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert series[("trajlake_producer_spooled_messages_total", "spooled")] >= stats.spooled_total
+    assert series[("trajlake_producer_redelivered_messages_total", "spooled")] >= delivered
+    assert series[("trajlake_producer_spool_waiting_messages", "spooled")] == 0

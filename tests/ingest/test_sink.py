@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import wait
+
 import pytest
 
 from tests.helpers import started_event, turn_event
-from trajlake.ingest.bus.base import SourcePosition
+from trajlake.ingest.bus.base import BusUnreachable, SourcePosition
 from trajlake.ingest.bus.inprocess import InProcessBus
-from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.ingest.sink import DeltaSink, SinkConfig, SinkThread
 
 
 def trajectory(tid: str) -> list[dict]:
@@ -98,3 +102,64 @@ def test_a_duplicate_is_caught_after_its_trajectory_left_the_seq_cache(lake, bus
     assert count(lake) == 4
     (dead,) = lake.sql("select reason from dead_letters").to_pylist()
     assert "seq=1 is a duplicate within trajectory a" in dead["reason"]
+
+
+class JoiningBus(InProcessBus):
+    """An in-process bus whose first poll is a slow group join: partitions are assigned, nothing returned."""
+
+    def __init__(self, join_s: float) -> None:
+        super().__init__()
+        self.join_s = join_s
+        self.joined = False
+
+    def poll(self, max_messages: int = 1000, timeout_s: float = 0.1) -> list:
+        if not self.joined:
+            self.joined = True
+            time.sleep(self.join_s)
+            assert self.on_assigned is not None  # the sink listens, whichever consumer it has
+            self.on_assigned(self.assigned_partitions())
+            return []
+        return super().poll(max_messages, timeout_s)
+
+
+def test_waiting_for_the_group_to_assign_partitions_is_not_idle_time(lake) -> None:
+    bus = JoiningBus(join_s=0.6)
+    bus.publish(trajectory("t"))
+    stats = DeltaSink(lake, bus).run(until_idle_s=0.3)  # the join alone outlasts the idle limit
+    assert stats.events == 2 and count(lake) == 2
+
+
+def test_until_idle_counts_from_the_last_message_and_a_stop_commits_what_was_read(lake, bus) -> None:
+    sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=60, flush_when_idle=False))
+    ticks: list[int] = []
+    bus.publish(trajectory("a"))
+    sink.run(until_idle_s=0.2, on_tick=lambda: ticks.append(sink.stats.messages))
+    assert count(lake) == 2 and ticks[0] == 1  # the tick runs after each poll, on the loop's thread
+
+    bus.publish(trajectory("b"))
+    stop = threading.Event()
+    stop.set()  # stop at once: no poll, and nothing buffered is lost
+    sink.run(stop_event=stop)
+    assert count(lake) == 2
+    sink.poll_once()
+    sink.run(stop_event=stop)
+    assert count(lake) == 4
+
+
+def test_a_sink_thread_stops_after_draining_the_bus_and_hands_back_its_error(lake, bus, monkeypatch) -> None:
+    running = SinkThread(DeltaSink(lake, bus, SinkConfig(max_latency_s=60)))
+    for i in range(10):
+        bus.publish(trajectory(f"t{i}"))
+    stats = running.stop(drain=True)  # whatever the thread had not polled yet is committed too
+    assert stats.events == 20 and count(lake) == 20 and running.job.done()
+
+    def broker_gone(*args, **kwargs):
+        raise BusUnreachable("no Kafka broker answered at 127.0.0.1:9092")
+
+    failing = SinkThread(DeltaSink(lake, bus))
+    monkeypatch.setattr(bus, "poll", broker_gone)
+    wait([failing.job], timeout=30)
+    with pytest.raises(BusUnreachable):  # its own type, raised in the caller's thread: the CLI names the fix
+        failing.check()
+    with pytest.raises(BusUnreachable):
+        failing.stop()

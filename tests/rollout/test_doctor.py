@@ -8,9 +8,9 @@ import time
 import pytest
 
 from trajlake.cli import main
+from trajlake.ingest.recorder import Recorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.config import ToolRunnerConfig
-from trajlake.rollout.recorder import Recorder
 from trajlake.rollout.tools import Tool, ToolRunner
 
 

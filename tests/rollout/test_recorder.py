@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.helpers import trajlake
-from trajlake.rollout.recorder import Recorder, RecorderError
+from trajlake.ingest.recorder import Recorder, RecorderError
 
 
 def record_three(recorder: Recorder) -> None:
@@ -99,3 +99,28 @@ def test_recording_after_finish_is_refused(bus) -> None:
     t.finish("completed")
     with pytest.raises(RecorderError, match="is finished"):
         t.turn([1], [-0.1], 0)
+
+
+def test_fields_a_type_carries_pass_as_keywords_and_others_are_refused(lake, bus, drain) -> None:
+    recorder = Recorder(bus, "run-k")
+    with recorder.start("task", trajectory_id="t-k") as t:
+        t.turn([4], [-0.1], 0, input_token_ids=[1], attributes={"note": "kept"})
+        with pytest.raises(TypeError, match=r"\['call_id'\] for a turn event"):
+            t.turn([5], [-0.1], 0, call_id="c1")  # a tool field, not a turn's
+        with pytest.raises(TypeError, match=r"\['tito_drift'\]"):
+            t.turn([5], [-0.1], 0, tito_drift=True)  # the Recorder decides drift itself
+        t.finish("completed")
+    drain()
+    rows = lake.sql("select attributes from events where event_type = 'turn'").to_pylist()
+    assert [json.loads(r["attributes"]) for r in rows] == [{"note": "kept"}]
+
+
+def test_a_turns_advantage_is_queryable_and_null_when_not_recorded(lake, bus, drain) -> None:
+    recorder = Recorder(bus, "run-adv")
+    with recorder.start("task", trajectory_id="t-adv") as t:
+        t.turn([4], [-0.1], 0, input_token_ids=[1], advantage=0.75)
+        t.turn([5], [-0.2], 0, input_token_ids=[2])
+        t.finish("completed")
+    drain()
+    rows = lake.sql("select advantage from turns order by turn_index").to_pylist()
+    assert rows == [{"advantage": 0.75}, {"advantage": None}]

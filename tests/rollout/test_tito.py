@@ -130,7 +130,7 @@ def test_responses_that_would_break_tito_are_refused(choice, match):
 
 
 def test_a_trajectory_driven_through_the_client_stores_exactly_the_returned_ids(fake_vllm, lake, bus, drain):
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.ingest.recorder import Recorder
 
     client = client_for(fake_vllm)
     recorder = Recorder(bus, run_id="tito-run", vocab_size=50_000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from trajlake.rollout.recorder import Recorder
+from trajlake.ingest.recorder import Recorder
 
 CORPUS = [
     "The Answer is Four",

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
+from trajlake.ingest.recorder import Recorder
 from trajlake.rollout.config import WorkerConfig
-from trajlake.rollout.recorder import Recorder
 from trajlake.rollout.workers import AgentPool, AgentTask
 
 

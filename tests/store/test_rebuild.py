@@ -8,9 +8,9 @@ import pyarrow as pa
 
 from tests.helpers import trajlake
 from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
-from trajlake.rollout.recorder import Recorder
 from trajlake.schemas.tables import PROJECTION_TABLES
 from trajlake.store import projections
 from trajlake.store.lake import Lake

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from trajlake.rollout.recorder import Recorder
+from trajlake.ingest.recorder import Recorder
 
 
 @dataclass

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trajlake.rollout.engine.model import init_model
+from trajlake.demo.model import init_model
 from trajlake.trainer.hf_policy import HFPolicy
 
 

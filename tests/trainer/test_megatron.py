@@ -64,7 +64,7 @@ def test_policy_adapter_matches_a_direct_log_softmax():
 
 
 def test_same_recipe_and_interface_as_the_reference_trainer(lake, bus, drain, tmp_path):
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.ingest.recorder import Recorder
 
     recorder = Recorder(bus, "m", vocab_size=12)
     for g in range(2):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from trajlake.rollout.recorder import Recorder
+from trajlake.ingest.recorder import Recorder
 from trajlake.store.projections import catch_up
 from trajlake.trainer.config import SamplerConfig, TrainerConfig
 from trajlake.trainer.policy import TinyPolicy

@@ -7,7 +7,7 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from trajlake.rollout.recorder import Recorder
+from trajlake.ingest.recorder import Recorder
 from trajlake.store.catalog import Catalog, default_url, utcnow
 from trajlake.store.projections import catch_up
 from trajlake.trainer.batch import pack_micro_batches
@@ -213,7 +213,7 @@ def test_first_fit_decreasing_packing():
 
 
 def test_a_sample_finishing_after_its_group_was_handed_out_is_counted_not_used(lake, catalog, bus, drain):
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.ingest.recorder import Recorder
 
     recorder = Recorder(bus, "run-t", vocab_size=100)
     trajs = [recorder.start(task_id="t", group_id="g", sample_index=i) for i in range(3)]

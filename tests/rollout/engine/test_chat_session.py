@@ -8,10 +8,10 @@ import json
 import pytest
 
 from trajlake.cli import main
+from trajlake.demo.envs.chat_episode import TOOLS, ChatPolicy
+from trajlake.ingest.recorder import Recorder
 from trajlake.rollout.engine.chat import ChatSession, naive_prompt_ids, parse_tool_calls
-from trajlake.rollout.engine.model import tool_call_text
-from trajlake.rollout.envs.chat_episode import TOOLS, ChatPolicy
-from trajlake.rollout.recorder import Recorder
+from trajlake.rollout.engine.chatml import tool_call_text
 from trajlake.rollout.tito import TitoClient
 
 pytestmark = pytest.mark.integration

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from trajlake.rollout.envs.chat_episode import ChatPolicy
-from trajlake.rollout.envs.config import EnvConfig, FaultConfig
-from trajlake.rollout.envs.episode import run_episode
-from trajlake.rollout.envs.tasks import make_tasks
-from trajlake.rollout.recorder import Recorder
+from trajlake.demo.envs.chat_episode import ChatPolicy
+from trajlake.demo.envs.config import EnvConfig, FaultConfig
+from trajlake.demo.envs.episode import run_episode
+from trajlake.demo.envs.tasks import make_tasks
+from trajlake.ingest.recorder import Recorder
 from trajlake.rollout.tito import TitoClient
 
 pytestmark = pytest.mark.integration

@@ -13,12 +13,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from trajlake.demo.envs import vocab
+from trajlake.demo.envs.config import EnvConfig
+from trajlake.demo.envs.tasks import Task, reward_components
+from trajlake.demo.envs.toolbox import call_arguments, make_runner, result_tokens
+from trajlake.ingest.recorder import Recorder, TrajectoryRecorder
 from trajlake.rollout import taxonomy
-from trajlake.rollout.envs import vocab
-from trajlake.rollout.envs.config import EnvConfig
-from trajlake.rollout.envs.tasks import Task, reward_components
-from trajlake.rollout.envs.toolbox import call_arguments, make_runner, result_tokens
-from trajlake.rollout.recorder import Recorder, TrajectoryRecorder
 from trajlake.rollout.tools import ToolResult, ToolRunner
 
 ENVIRONMENT = "trajlake-demo-tools"

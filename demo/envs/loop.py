@@ -14,11 +14,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trajlake.rollout.envs.config import EnvConfig
-from trajlake.rollout.envs.episode import EpisodeResult, run_episode
-from trajlake.rollout.envs.tasks import Task
-from trajlake.rollout.envs.vocab import VOCAB_SIZE
-from trajlake.rollout.recorder import Recorder
+from trajlake.demo.envs.config import EnvConfig
+from trajlake.demo.envs.episode import EpisodeResult, run_episode
+from trajlake.demo.envs.tasks import Task
+from trajlake.demo.envs.vocab import VOCAB_SIZE
+from trajlake.ingest.recorder import Recorder
 
 
 class PolicyStore:

@@ -19,150 +19,53 @@ import json
 import queue
 import random
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from trajlake.rollout.envs.config import EnvConfig
+from trajlake.demo.config import DemoConfig
+from trajlake.demo.envs.config import EnvConfig
 from trajlake.schemas.terminal import Progress
 
-DEFAULT_STEPS = 40
-CHAT_BUDGET_FROM = EnvConfig().context_budget_tokens
-CHAT_CONTEXT_BUDGET = 112
-
-
-class DemoConfig(BaseModel):
-    """Settings of `trajlake demo`; the defaults finish in a few minutes on two CPU cores."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    lake: str = Field("./trajlake-data", description="Lake root directory (or s3://…).")
-    engine: Literal["tiny", "vllm"] = Field(
-        "vllm",
-        description="vllm: a Qwen2 chat model served by vLLM, trained in place; tiny: a GRU policy in each worker.",
-    )
-    model_dir: str | None = Field(
-        None,
-        description="vllm: the model directory to serve and train; default <lake>/model (made if missing).",
-    )
-    vllm_url: str | None = Field(
-        None,
-        description="vllm: base URL of a running server (started with weight reload); default: start one.",
-    )
-    run_id: str | None = Field(
-        None, description="Run id; default `demo`, or demo-<UTC time> if the lake has a `demo` run."
-    )
-    steps: int = Field(DEFAULT_STEPS, ge=5, description="Trainer steps (= policy versions) of the main run.")
-    seed: int = Field(0, description="Seed of weights, tasks, sampling and fault injection.")
-    groups_per_step: int = Field(8, ge=1, description="Prompt groups per trainer batch.")
-    samples_per_group: int = Field(4, ge=2, description="Samples per prompt group (GRPO group size).")
-    workers: int | None = Field(
-        None,
-        ge=1,
-        description="Rollout workers (episodes in flight); default 2 on tiny, 8 on vllm (it batches).",
-    )
-    ray: bool = Field(True, description="Run episodes as local Ray tasks (else threads in this process).")
-    kafka: str | None = Field(None, description="HOST:PORT of a Kafka broker; None: the in-process bus.")
-    topic: str | None = Field(None, description="Kafka topic; default trajlake-demo-<run id>.")
-    max_staleness: int = Field(
-        2, ge=0, description="Trainer version − policy_version_min allowed in a batch."
-    )
-    lr: float | None = Field(
-        None,
-        gt=0,
-        description="Adam learning rate; default 1e-2 on tiny (a GRU), 1e-3 on vllm (a transformer).",
-    )
-    overfit_tasks: int = Field(
-        32, ge=0, description="Tasks with non-zero reward variance in the overfit check (0: skip)."
-    )
-    overfit_samples: int = Field(8, ge=2, description="Samples per task in the overfit check.")
-    overfit_steps: int = Field(8, ge=1, description="Training steps on the overfit set.")
-    bad_messages: int = Field(
-        3, ge=0, description="Malformed messages a simulated legacy producer sends (dead letters)."
-    )
-    fault_rate: float = Field(
-        1.0, ge=0, le=20, description="Multiplier of every injected fault rate (0: no faults)."
-    )
-    env: EnvConfig = Field(
-        default_factory=EnvConfig, description="Environment limits and injected fault rates."
-    )
-
-    @model_validator(mode="after")
-    def _defaults(self) -> DemoConfig:
-        if self.workers is None:
-            self.workers = 8 if self.engine == "vllm" else 2
-        if self.lr is None:
-            self.lr = 1e-3 if self.engine == "vllm" else 1e-2
-        if self.engine == "vllm" and self.env.context_budget_tokens == CHAT_BUDGET_FROM:
-            # a chat prompt holds the system prompt and the tool list: ~250 tokens before the task
-            self.env = self.env.model_copy(update={"context_budget_tokens": CHAT_CONTEXT_BUDGET})
-        if self.fault_rate != 1.0:
-            self.env = self.env.model_copy(update={"faults": self.env.faults.scaled(self.fault_rate)})
-            self.fault_rate = 1.0  # applied: a saved config reloads to the same rates
-        return self
+if TYPE_CHECKING:
+    from trajlake.ingest.bus.base import Consumer, Publisher
+    from trajlake.ingest.sink import SinkThread
 
 
 # -- platform pieces -----------------------------------------------------------------------------
-class SinkThread:
-    """The exactly-once `DeltaSink` consuming the bus in a background thread."""
-
-    def __init__(self, lake: Any, bus: Any) -> None:
-        from trajlake.ingest.sink import DeltaSink, SinkConfig
-
-        self.sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=0.3, poll_timeout_s=0.05))
-        self.stop_event = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="sink", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.sink.run(stop_event=self.stop_event)
-        except BaseException as err:  # reported by `check`, so the demo stops instead of waiting forever
-            self.error = err
-
-    def check(self) -> None:
-        """Raise the sink's error, if it died."""
-        if self.error is not None:
-            raise RuntimeError(f"the sink stopped: {type(self.error).__name__}: {self.error}") from self.error
-
-    def stop(self) -> None:
-        """Flush what is buffered and stop."""
-        self.stop_event.set()
-        self.thread.join(60)
-        self.check()
-
-
-def make_buses(config: DemoConfig) -> tuple[Any, Any]:
+def make_buses(config: DemoConfig) -> tuple[Publisher, Consumer]:
     """(producer bus, consumer bus): one in-process bus for both, or two Kafka clients of one topic."""
     from trajlake.ingest.bus import setup_bus
 
     if not config.kafka:
         bus = setup_bus("inprocess")
         return bus, bus
-    from trajlake.ingest.bus.kafka import create_topic
+    from trajlake.ingest.bus.kafka import KafkaBus, create_topic
+    from trajlake.ingest.config import KafkaConfig
 
-    topic = config.topic or f"trajlake-demo-{config.run_id}"
-    producer = setup_bus("kafka", bootstrap=config.kafka, topic=topic)
-    create_topic(producer.config)  # type: ignore[attr-defined]  # idempotent; the sink subscribes to it
-    consumer = setup_bus(
-        "kafka", bootstrap=config.kafka, topic=topic, group_id=f"trajlake-demo-sink-{config.run_id}"
+    kafka = KafkaConfig.from_env(
+        bootstrap=config.kafka, topic=config.topic or f"trajlake-demo-{config.run_id}"
     )
-    return producer, consumer
+    create_topic(kafka)  # idempotent; the sink subscribes to it
+    consumer = KafkaBus(kafka.model_copy(update={"group_id": f"trajlake-demo-sink-{config.run_id}"}))
+    return KafkaBus(kafka), consumer
 
 
 def wait_for_rows(
-    ctx_lake: Any, sink: SinkThread, query: str, n: int, what: str, timeout_s: float = 120.0
+    ctx_lake: Any,
+    sink: SinkThread,
+    query: str,
+    n: int,
+    what: str,
+    timeout_s: float = 120.0,
+    params: dict[str, Any] | None = None,
 ) -> int:
-    """Block until `query` (a `select count(*)`) returns at least `n`; return the count."""
+    """Block until `query` (a `select count(*)`, with DuckDB `params`) returns at least `n`; return the count."""
     deadline = time.monotonic() + timeout_s
     while True:
         sink.check()
-        got = int(ctx_lake.sql(query).column(0)[0].as_py() or 0)
+        got = int(ctx_lake.sql(query, params).column(0)[0].as_py() or 0)
         if got >= n:
             return got
         if time.monotonic() > deadline:
@@ -174,8 +77,8 @@ def wait_for_rows(
 
 def wait_for_trajectories(lake: Any, sink: SinkThread, run_id: str, n: int) -> int:
     """Block until the lake holds `n` finished trajectories of `run_id`."""
-    query = f"select count(*) from _t_trajectories where run_id = '{run_id}' and finished"
-    return wait_for_rows(lake, sink, query, n, f"trajectories of {run_id}")
+    query = "select count(*) from _t_trajectories where run_id = $run and finished"
+    return wait_for_rows(lake, sink, query, n, f"trajectories of {run_id}", params={"run": run_id})
 
 
 # -- trainer -------------------------------------------------------------------------------------
@@ -217,8 +120,8 @@ class DemoContext:
     out: TextIO
     lake: Any
     catalog: Any
-    producer: Any
-    consumer: Any
+    producer: Publisher
+    consumer: Consumer
     sink: SinkThread
     vllm: Any = None  # the VllmEngine, on the vllm engine
     server: dict[str, Any] | None = None  # the vLLM server this demo started (stopped at the end)
@@ -227,20 +130,20 @@ class DemoContext:
     @property
     def vocab_size(self) -> int:
         """The vocabulary the policy reads and writes."""
-        from trajlake.rollout.envs.vocab import VOCAB_SIZE
+        from trajlake.demo.envs.vocab import VOCAB_SIZE
 
         return self.vllm.vocab_size if self.vllm is not None else VOCAB_SIZE
 
     @property
     def model(self) -> str:
         """What trajectories name as their model."""
-        from trajlake.rollout.envs.engines import TinyEngine
+        from trajlake.demo.envs.engines import TinyEngine
 
         return self.vllm.model if self.vllm is not None else TinyEngine.model
 
     def engine(self, trainer: Any) -> Any:
         """The engine that serves `trainer`'s policy to the rollouts, starting from its current weights."""
-        from trajlake.rollout.envs.engines import TinyEngine
+        from trajlake.demo.envs.engines import TinyEngine
 
         if self.vllm is None:
             return TinyEngine(trainer)
@@ -262,6 +165,7 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
     """Open the lake and catalog, connect the bus, start the sink."""
     import torch
 
+    from trajlake.ingest.sink import DeltaSink, SinkConfig, SinkThread
     from trajlake.store.catalog import Catalog
     from trajlake.store.lake import Lake
 
@@ -271,7 +175,8 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
     if config.run_id is None:
         config = config.model_copy(update={"run_id": free_run_id(lake, catalog)})
     producer, consumer = make_buses(config)
-    ctx = DemoContext(config, out, lake, catalog, producer, consumer, SinkThread(lake, consumer))
+    sink = SinkThread(DeltaSink(lake, consumer, SinkConfig(max_latency_s=0.3, poll_timeout_s=0.05)))
+    ctx = DemoContext(config, out, lake, catalog, producer, consumer, sink)
     if config.engine == "vllm":
         try:
             start_vllm(ctx)
@@ -283,10 +188,10 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
 
 def start_vllm(ctx: DemoContext) -> None:
     """Build the model directory if missing, start (or reach) the vLLM server, label its weights 0."""
+    from trajlake.demo.envs.engines import VllmEngine
+    from trajlake.demo.model import init_model
     from trajlake.ingest.broker import free_port
-    from trajlake.rollout.engine.model import init_model
     from trajlake.rollout.engine.server import VllmServerConfig, start_server
-    from trajlake.rollout.envs.engines import VllmEngine
 
     cfg = ctx.config
     local = Path(ctx.lake.root) if "://" not in str(ctx.lake.root) else Path("./trajlake-data")
@@ -322,7 +227,7 @@ def free_run_id(lake: Any, catalog: Any) -> str:
 def cleanup(ctx: DemoContext) -> None:
     """Stop the sink (after a final flush) and close connections."""
     ctx.producer.flush()
-    ctx.sink.stop()
+    ctx.sink.stop(timeout_s=60)
     for bus in {id(ctx.producer): ctx.producer, id(ctx.consumer): ctx.consumer}.values():
         bus.close()
     ctx.catalog.close()
@@ -344,7 +249,7 @@ def play_candidates(
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from trajlake.rollout.envs.loop import play_group
+    from trajlake.demo.envs.loop import play_group
 
     idle = queue.SimpleQueue()
     for i in range(ctx.config.workers):
@@ -364,9 +269,9 @@ def play_candidates(
 
 def overfit_check(ctx: DemoContext) -> dict[str, Any]:
     """Find tasks with reward variance, train a few steps on exactly them, and measure the change."""
-    from trajlake.rollout.envs.config import FaultConfig
-    from trajlake.rollout.envs.tasks import make_task
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.demo.envs.config import FaultConfig
+    from trajlake.demo.envs.tasks import make_task
+    from trajlake.ingest.recorder import Recorder
     from trajlake.trainer.overfit import select_overfit
 
     cfg = ctx.config
@@ -440,7 +345,7 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
 
 def task_stream(seed: int, env: EnvConfig) -> Any:
     """An endless stream of fresh (task, group id) pairs: every prompt group is a new task."""
-    from trajlake.rollout.envs.tasks import make_task
+    from trajlake.demo.envs.tasks import make_task
 
     rng = random.Random(seed)
     index = 0
@@ -452,8 +357,8 @@ def task_stream(seed: int, env: EnvConfig) -> Any:
 
 def start_workers(ctx: DemoContext, feed: Any, engine: Any) -> Any:
     """Rollout workers on a local Ray runtime, or threads with `--no-ray`; already started."""
-    from trajlake.rollout.envs.loop import RolloutThreads
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.demo.envs.loop import RolloutThreads
+    from trajlake.ingest.recorder import Recorder
 
     cfg = ctx.config
 
@@ -467,7 +372,7 @@ def start_workers(ctx: DemoContext, feed: Any, engine: Any) -> Any:
         )
 
     if cfg.ray:
-        from trajlake.rollout.envs.ray_workers import RolloutActors
+        from trajlake.demo.envs.ray_workers import RolloutActors
 
         workers: Any = RolloutActors(
             cfg.workers, feed, make_recorder(0), engine, cfg.env, cfg.samples_per_group, cfg.seed
@@ -489,8 +394,8 @@ def start_workers(ctx: DemoContext, feed: Any, engine: Any) -> Any:
 
 def train_run(ctx: DemoContext) -> dict[str, Any]:
     """The async run: workers play with the newest weights while the trainer samples from the lake."""
-    from trajlake.rollout.envs.loop import TaskFeed
-    from trajlake.rollout.recorder import Recorder
+    from trajlake.demo.envs.loop import TaskFeed
+    from trajlake.ingest.recorder import Recorder
     from trajlake.trainer.sampler import Sampler
 
     cfg = ctx.config
@@ -581,17 +486,18 @@ def drain(ctx: DemoContext, run: dict[str, Any], n_bad: int) -> None:
     """Wait until everything the run published is in the lake: trajectories, versions, dead letters."""
     run_id = ctx.run_id
     wait_for_trajectories(ctx.lake, ctx.sink, run_id, run["trajectories"])
-    versions = f"select count(*) from policy_versions where run_id = '{run_id}'"
-    wait_for_rows(ctx.lake, ctx.sink, versions, run["steps"], "policy versions")
-    consumed = f"select count(distinct step) from batch_consumption where run_id = '{run_id}'"
-    wait_for_rows(ctx.lake, ctx.sink, consumed, run["steps"], "consumed batches")
-    dead = f"select count(*) from dead_letters where run_id = '{run_id}'"
-    wait_for_rows(ctx.lake, ctx.sink, dead, n_bad, "dead letters")
+    of_run = {"run": run_id}
+    versions = "select count(*) from policy_versions where run_id = $run"
+    wait_for_rows(ctx.lake, ctx.sink, versions, run["steps"], "policy versions", params=of_run)
+    consumed = "select count(distinct step) from batch_consumption where run_id = $run"
+    wait_for_rows(ctx.lake, ctx.sink, consumed, run["steps"], "consumed batches", params=of_run)
+    dead = "select count(*) from dead_letters where run_id = $run"
+    wait_for_rows(ctx.lake, ctx.sink, dead, n_bad, "dead letters", params=of_run)
 
 
 def run_demo(config: DemoConfig, out: TextIO | None = None) -> dict[str, Any]:
     """Run the whole demo; return the summary (also printed to `out`)."""
-    from trajlake import demo_report
+    from trajlake.demo import report as demo_report
 
     out = out or sys.stdout
     ctx = setup(config, out)

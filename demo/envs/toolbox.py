@@ -15,10 +15,10 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 
+from trajlake.demo.envs import vocab
+from trajlake.demo.envs.config import EnvConfig
+from trajlake.demo.envs.tasks import Task, solve
 from trajlake.rollout.config import ToolRunnerConfig
-from trajlake.rollout.envs import vocab
-from trajlake.rollout.envs.config import EnvConfig
-from trajlake.rollout.envs.tasks import Task, solve
 from trajlake.rollout.errors import SandboxError
 from trajlake.rollout.tools import Tool, ToolRunner
 

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from trajlake.rollout.envs import EnvConfig, FaultConfig, run_episode
-from trajlake.rollout.envs import vocab as v
-from trajlake.rollout.envs.tasks import Task, make_tasks, solve
-from trajlake.rollout.recorder import Recorder
+from trajlake.demo.envs import EnvConfig, FaultConfig, run_episode
+from trajlake.demo.envs import vocab as v
+from trajlake.demo.envs.tasks import Task, make_tasks, solve
+from trajlake.ingest.recorder import Recorder
 
 
 class ScriptedPolicy:

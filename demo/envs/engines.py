@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trajlake.rollout.envs.config import EnvConfig
+from trajlake.demo.envs.config import EnvConfig
 
 
 class TinyEngine:
@@ -25,15 +25,15 @@ class TinyEngine:
     model = "tinypolicy-d64"
 
     def __init__(self, trainer: Any) -> None:
-        from trajlake.rollout.envs.loop import PolicyStore
-        from trajlake.rollout.envs.vocab import VOCAB_SIZE
+        from trajlake.demo.envs.loop import PolicyStore
+        from trajlake.demo.envs.vocab import VOCAB_SIZE
 
         self.vocab_size = VOCAB_SIZE
         self.store = PolicyStore(trainer.policy.snapshot())
 
     def policy(self, seed: int, env: EnvConfig) -> Any:
         """A policy client for one rollout thread."""
-        from trajlake.rollout.envs.loop import LocalPolicyClient
+        from trajlake.demo.envs.loop import LocalPolicyClient
 
         return LocalPolicyClient(self.store, seed, env.temperature)
 
@@ -53,8 +53,8 @@ class VllmEngine:
     ) -> None:
         from transformers import AutoTokenizer
 
+        from trajlake.demo.envs.chat_episode import action_ids
         from trajlake.rollout.engine.weights import WeightSync
-        from trajlake.rollout.envs.chat_episode import action_ids
 
         self.model_dir = Path(model_dir).resolve()
         self.model = str(self.model_dir)  # trajectories name the directory: its tokenizer decodes them
@@ -73,7 +73,7 @@ class VllmEngine:
 
     def policy(self, seed: int, env: EnvConfig) -> Any:
         """A chat policy for one rollout thread (its own connection pool)."""
-        from trajlake.rollout.envs.chat_episode import ChatPolicy
+        from trajlake.demo.envs.chat_episode import ChatPolicy
         from trajlake.rollout.tito import TitoClient
 
         return ChatPolicy.from_model_dir(TitoClient(self.tito_config()), self.model_dir, env.temperature)

@@ -1,4 +1,4 @@
-"""`trajlake model init DIR`: a tiny Hugging Face chat model built locally, with no network.
+"""`trajlake model init DIR`: the demo's tiny Hugging Face chat model, built locally with no network.
 
 The directory holds a Qwen2-architecture causal LM (random init, seeded, float32 safetensors),
 a byte-level BPE tokenizer trained here with `tokenizers`, a ChatML chat template with tools,
@@ -22,21 +22,24 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
 
-ENDOFTEXT = "<|endoftext|>"
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-TOOL_CALL, END_TOOL_CALL = "<tool_call>", "</tool_call>"
-TOOL_RESPONSE, END_TOOL_RESPONSE = "<tool_response>", "</tool_response>"
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
-MARKUP_TOKENS = (TOOL_CALL, END_TOOL_CALL, TOOL_RESPONSE, END_TOOL_RESPONSE)
+from trajlake.rollout.engine.chatml import (
+    CHAT_TEMPLATE,
+    END_TOOL_RESPONSE,
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    MARKUP_TOKENS,
+    SPECIAL_TOKENS,
+    TOOL_RESPONSE,
+    tool_call_text,
+)
+from trajlake.schemas.errors import TrajlakeError
+from trajlake.schemas.settings import Settings, cli
+
 DEMO_TOOLS = ("calc", "python", "answer")
-
-
-def tool_call_text(name: str, arguments: dict | None = None) -> str:
-    """A hermes tool call exactly as the chat template renders it."""
-    body = json.dumps({"name": name, "arguments": arguments or {}})
-    return f"{TOOL_CALL}\n{body}\n{END_TOOL_CALL}"
 
 
 def action_tokens(tools: Iterable[str]) -> tuple[str, ...]:
@@ -44,51 +47,40 @@ def action_tokens(tools: Iterable[str]) -> tuple[str, ...]:
     return tuple(tool_call_text(name) for name in tools)
 
 
-# Qwen2.5's ChatML template with tools, trimmed to what trajlake renders.
-CHAT_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\n"
-    "{% if messages[0].role == 'system' %}{{ messages[0].content }}{% else %}You are a helpful assistant.{% endif %}"
-    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
-    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
-    "{% endif %}"
-    "{% for message in messages %}"
-    "{% if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
-    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
-    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content or '' }}"
-    "{% for call in message.tool_calls or [] %}"
-    "{% if message.content or not loop.first %}\n{% endif %}"
-    "{% set fn = call.function if call.function is defined else call %}"
-    '<tool_call>\n{"name": "{{ fn.name }}", "arguments": '
-    "{% if fn.arguments is string %}{{ fn.arguments }}{% else %}{{ fn.arguments | tojson }}{% endif %}"
-    "}\n</tool_call>"
-    "{% endfor %}<|im_end|>\n"
-    "{% elif message.role == 'tool' %}"
-    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
-    "\n<tool_response>\n{{ message.content }}\n</tool_response>"
-    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-).replace("%}\n", "%}{{ '\\n' }}")  # transformers renders with trim_blocks, which eats a newline after a tag
+class ModelInitConfig(Settings):
+    """Shape of the tiny model and its tokenizer (env TRAJLAKE_MODEL_<FIELD>)."""
 
-
-class ModelInitConfig(BaseModel):
-    """Shape of the tiny model and its tokenizer."""
-
-    model_config = ConfigDict(extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_MODEL_")
 
     vocab_size: int = Field(
         512, ge=300, le=65536, description="Tokenizer vocabulary (256 bytes + merges + added tokens)."
     )
-    hidden_size: int = Field(128, ge=32, description="Model width.")
-    num_layers: int = Field(2, ge=1, le=64, description="Transformer layers.")
-    num_heads: int = Field(4, ge=1, description="Attention heads; hidden_size / num_heads >= 32 (vLLM CPU).")
-    num_kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+    hidden_size: int = Field(
+        128,
+        ge=32,
+        validation_alias="TRAJLAKE_MODEL_WIDTH",
+        description="Model width.",
+        json_schema_extra=cli("--width"),
+    )
+    num_layers: int = Field(
+        2,
+        ge=1,
+        le=64,
+        validation_alias="TRAJLAKE_MODEL_LAYERS",
+        description="Transformer layers.",
+        json_schema_extra=cli("--layers"),
+    )
+    num_heads: int = Field(
+        4,
+        ge=1,
+        validation_alias="TRAJLAKE_MODEL_HEADS",
+        description="Attention heads; width / heads >= 32 (vLLM CPU).",
+        json_schema_extra=cli("--heads"),
+    )
+    num_kv_heads: int = Field(
+        2, ge=1, validation_alias="TRAJLAKE_MODEL_KV_HEADS", description="Key/value heads (grouped-query attention).",
+        json_schema_extra=cli("--kv-heads"),
+    )  # fmt: skip
     intermediate_size: int | None = Field(None, ge=1, description="MLP width; default 3 x hidden_size.")
     max_position_embeddings: int = Field(4096, ge=128, description="Longest context.")
     seed: int = Field(0, description="Seed of the random weights.")
@@ -117,13 +109,13 @@ class ModelInitConfig(BaseModel):
         return self
 
 
-class ModelInitError(RuntimeError):
+class ModelInitError(TrajlakeError, RuntimeError):
     """The model directory could not be built or does not load consistently."""
 
 
 def corpus(tools: Iterable[str]) -> list[str]:
     """Text the BPE merges are learned from: the chat markup and the demo's task language."""
-    from trajlake.rollout.envs import chat_episode, vocab
+    from trajlake.demo.envs import chat_episode, vocab
 
     words = [*vocab.WORDS, *vocab.DIGITS, *vocab.OPERATORS, *vocab.LETTERS]
     lines = [

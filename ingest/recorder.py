@@ -23,12 +23,31 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trajlake.ingest.bus.base import Bus
+from trajlake.ingest.bus.base import Publisher
 from trajlake.schemas import events as ev
+from trajlake.schemas.errors import TrajlakeError
 
 
-class RecorderError(RuntimeError):
+class RecorderError(TrajlakeError, RuntimeError):
     """The harness used the Recorder out of order (e.g. a turn after `finish`)."""
+
+
+def extra_fields(event_type: str, extra: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """The non-null `extra` keywords, each a field `event_type` carries that the method does not set itself.
+
+    The accepted keywords come from the event model (`schemas/fields.py`), so a field
+    declared there is accepted here without a new parameter.
+    """
+    if not extra:
+        return {}
+    allowed = ev.body_fields_of(event_type) - set(own)
+    unknown = sorted(set(extra) - allowed)
+    if unknown:
+        raise TypeError(
+            f"unexpected keyword argument(s) {unknown} for a {event_type} event; "
+            f"its other fields are: {', '.join(sorted(allowed)) or 'none'}"
+        )
+    return {k: v for k, v in extra.items() if v is not None}
 
 
 def _ids(values: Sequence[int] | Any) -> list[int]:
@@ -57,7 +76,8 @@ class TrajectoryRecorder:
         self._pending: list[dict[str, Any]] = []
 
     # -- events ---------------------------------------------------------------------------
-    def _emit(self, event_type: str, **fields: Any) -> None:
+    def _emit(self, event_type: str, extra: Mapping[str, Any], /, **fields: Any) -> None:
+        """Queue one event: the calling method's `fields` plus the caller's `extra` keywords."""
         if self.finished:
             raise RecorderError(
                 f"trajectory {self.trajectory_id} is finished; start a new one to record more"
@@ -69,6 +89,7 @@ class TrajectoryRecorder:
             seq=self.seq,
             producer_id=self.recorder.producer_id,
             **{k: v for k, v in fields.items() if v is not None},
+            **extra_fields(event_type, extra, fields),
         )
         self.seq += 1
         self._pending.append(event)
@@ -86,11 +107,13 @@ class TrajectoryRecorder:
         context_used_fraction: float | None = None,
         nudged: bool = False,
         latency_s: float | None = None,
+        **fields: Any,
     ) -> bool:
         """Record one model turn; return True if the input broke the prefix invariant (drift).
 
         Pass either `input_token_ids` (only what was appended since the last output) or
         `full_input_token_ids` (the whole prompt the engine saw; the recorder checks it).
+        Any other field a turn carries (`schemas/fields.py`) can be passed as a keyword.
         """
         if input_token_ids is not None and full_input_token_ids is not None:
             raise RecorderError(
@@ -116,6 +139,7 @@ class TrajectoryRecorder:
         self.drift_turns += drift
         self._emit(
             ev.TURN,
+            fields,
             turn_index=self.turn_index,
             policy_version=int(policy_version),
             input_token_ids=appended,
@@ -142,11 +166,13 @@ class TrajectoryRecorder:
         *,
         call_id: str | None = None,
         is_code_execution: bool = False,
+        **fields: Any,
     ) -> str:
         """Record that the model called a tool; return the call id to pass to `tool_result`."""
         call_id = call_id or uuid.uuid4().hex[:16]
         self._emit(
             ev.TOOL_CALL,
+            fields,
             call_id=call_id,
             tool_name=tool_name,
             arguments=arguments,
@@ -167,10 +193,12 @@ class TrajectoryRecorder:
         latency_s: float | None = None,
         retries: int = 0,
         is_code_execution: bool | None = None,
+        **fields: Any,
     ) -> None:
         """Record a tool's outcome: ok, or the error type; timeouts and truncation are flagged."""
         self._emit(
             ev.TOOL_RESULT,
+            fields,
             call_id=call_id,
             tool_name=tool_name,
             ok=ok,
@@ -190,10 +218,12 @@ class TrajectoryRecorder:
         components: Mapping[str, float] | None = None,
         verifier: str | None = None,
         verifier_error: str | None = None,
+        **fields: Any,
     ) -> None:
         """Record the verifier's reward; `value=None` with `verifier_error` means no valid reward."""
         self._emit(
             ev.REWARD,
+            fields,
             reward=value,
             reward_components=components,
             verifier=verifier,
@@ -207,10 +237,12 @@ class TrajectoryRecorder:
         failure_origin: str | None = None,
         failure_label: str | None = None,
         message: str | None = None,
+        **fields: Any,
     ) -> None:
         """Record the end of the trajectory and publish everything still pending."""
         self._emit(
             ev.TRAJECTORY_FINISHED,
+            fields,
             status=status,
             failure_origin=failure_origin,
             failure_label=failure_label,
@@ -240,11 +272,11 @@ class TrajectoryRecorder:
 
 
 class Recorder:
-    """Starts trajectories of one run and writes their events to a `Bus`."""
+    """Starts trajectories of one run and writes their events to a `Publisher` (a bus)."""
 
     def __init__(
         self,
-        bus: Bus,
+        bus: Publisher,
         run_id: str,
         *,
         producer_id: str | None = None,
@@ -271,6 +303,7 @@ class Recorder:
         tags: Sequence[str] | None = None,
         trajectory_id: str | None = None,
         attributes: Mapping[str, Any] | None = None,
+        **fields: Any,
     ) -> TrajectoryRecorder:
         """Start a trajectory; `group_id` (the prompt group) defaults to the task id."""
         traj = TrajectoryRecorder(
@@ -278,6 +311,7 @@ class Recorder:
         )
         traj._emit(
             ev.TRAJECTORY_STARTED,
+            fields,
             task_id=task_id,
             group_id=group_id or task_id,
             sample_index=sample_index,

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoTokenizer
 
 from trajlake.cli import main
-from trajlake.rollout.engine.model import (
+from trajlake.demo.model import (
     DEMO_TOOLS,
     ModelInitConfig,
     ModelInitError,

@@ -25,15 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trajlake.demo.envs.config import EnvConfig
+from trajlake.demo.envs.episode import ANSWER, Episode, EpisodeResult
+from trajlake.demo.envs.tasks import Task
+from trajlake.demo.envs.toolbox import make_runner
+from trajlake.demo.model import DEMO_TOOLS, action_tokens
+from trajlake.ingest.recorder import TrajectoryRecorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.engine.chat import ChatSession
-from trajlake.rollout.engine.model import DEMO_TOOLS, action_tokens
-from trajlake.rollout.envs.config import EnvConfig
-from trajlake.rollout.envs.episode import ANSWER, Episode, EpisodeResult
-from trajlake.rollout.envs.tasks import Task
-from trajlake.rollout.envs.toolbox import make_runner
 from trajlake.rollout.errors import InferenceError
-from trajlake.rollout.recorder import TrajectoryRecorder
 from trajlake.rollout.tito import ContextLengthExceeded
 from trajlake.rollout.tools import ToolResult, ToolRunner
 

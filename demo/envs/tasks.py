@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from trajlake.rollout.envs import vocab
-from trajlake.rollout.envs.config import EnvConfig
+from trajlake.demo.envs import vocab
+from trajlake.demo.envs.config import EnvConfig
 
 TASK_KINDS = ("calc", "reverse", "count")
 TOOL_FOR_KIND = {"calc": "calc", "reverse": "python", "count": "python"}

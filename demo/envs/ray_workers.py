@@ -16,12 +16,12 @@ import threading
 import time
 from typing import Any
 
-from trajlake.rollout.envs.config import EnvConfig
-from trajlake.rollout.envs.episode import ENVIRONMENT, HARNESS, Episode, EpisodeResult
-from trajlake.rollout.envs.loop import PolicyStore, TaskFeed
-from trajlake.rollout.envs.tasks import Task
-from trajlake.rollout.envs.vocab import VOCAB_SIZE
-from trajlake.rollout.recorder import Recorder, TrajectoryRecorder
+from trajlake.demo.envs.config import EnvConfig
+from trajlake.demo.envs.episode import ENVIRONMENT, HARNESS, Episode, EpisodeResult
+from trajlake.demo.envs.loop import PolicyStore, TaskFeed
+from trajlake.demo.envs.tasks import Task
+from trajlake.demo.envs.vocab import VOCAB_SIZE
+from trajlake.ingest.recorder import Recorder, TrajectoryRecorder
 from trajlake.rollout.workers import AgentTask
 
 
@@ -100,7 +100,7 @@ _CHAT_POLICIES: dict[tuple[str, str], Any] = {}
 
 def chat_agent(traj: TrajectoryRecorder, task: AgentTask) -> None:
     """The agent loop a Ray task runs with a vLLM-served chat model: one `ChatEpisode`."""
-    from trajlake.rollout.envs.chat_episode import ChatEpisode, ChatPolicy
+    from trajlake.demo.envs.chat_episode import ChatEpisode, ChatPolicy
     from trajlake.rollout.tito import TitoClient
 
     p = task.payload

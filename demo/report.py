@@ -37,7 +37,9 @@ def fifths(values: list[float]) -> tuple[float, float]:
 
 
 def _count(lake: Any, table: str, run_id: str) -> int:
-    return int(lake.sql(f"select count(*) from {table} where run_id = '{run_id}'").column(0)[0].as_py())
+    return int(
+        lake.sql(f"select count(*) from {table} where run_id = $run", {"run": run_id}).column(0)[0].as_py()
+    )
 
 
 def summarize(
@@ -58,14 +60,17 @@ def summarize(
         for name, rng in (("early", early), ("late", late))
     }
     spans = lake.sql(
-        f"""select count(*) filter (where policy_version_max > policy_version_min) as spanning, count(*) as n
-            from _t_trajectories where run_id = '{run_id}'"""
+        """select count(*) filter (where policy_version_max > policy_version_min) as spanning, count(*) as n
+            from _t_trajectories where run_id = $run""",
+        {"run": run_id},
     ).to_pylist()[0]
     staleness = lake.sql(
-        f"select max(staleness) as max, avg(staleness) as mean from batch_consumption where run_id = '{run_id}'"
+        "select max(staleness) as max, avg(staleness) as mean from batch_consumption where run_id = $run",
+        {"run": run_id},
     ).to_pylist()[0]
     mismatch = lake.sql(
-        f"select avg(mismatch) as mean, max(mismatch) as max from trainer_steps where run_id = '{run_id}'"
+        "select avg(mismatch) as mean, max(mismatch) as max from trainer_steps where run_id = $run",
+        {"run": run_id},
     ).to_pylist()[0]
     return {
         "run_id": run_id,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from trajlake.cli import main
+from trajlake.dashboards.commands import APP
 from trajlake.schemas.events import FAILURE_LABELS
 from trajlake.store.lake import Lake
 
@@ -94,7 +95,7 @@ def test_every_dashboard_page_shows_the_demo_run(short_demo, monkeypatch, page):
 
     _, _, lake = short_demo
     monkeypatch.setenv("TRAJLAKE_LAKE", lake.root)
-    at = AppTest.from_file(str(Path(__file__).parents[1] / "dashboards" / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(APP), default_timeout=120)
     at.query_params["page"] = page
     at.query_params["run"] = "short"
     at.run()
@@ -194,7 +195,7 @@ def test_the_demo_on_vllm_learns_and_turns_carry_the_servers_weight_versions(
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("TRAJLAKE_LAKE", lake.root)
-    at = AppTest.from_file(str(Path(__file__).parents[1] / "dashboards" / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(APP), default_timeout=120)
     at.query_params["page"] = "async"
     at.query_params["run"] = "engine"
     at.run()

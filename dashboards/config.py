@@ -1,0 +1,34 @@
+"""Settings of the dashboards: the Streamlit app and `trajlake metrics`."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from trajlake.schemas.settings import LakeSettings, Settings, cli
+
+DEFAULT_SUCCESS_THRESHOLD = 1.0
+
+
+class ThresholdSettings(Settings):
+    """When a sample counts as passed."""
+
+    success_threshold: float = Field(
+        DEFAULT_SUCCESS_THRESHOLD, description="a sample passes when its reward is >= this"
+    )
+
+
+class AppSettings(LakeSettings, ThresholdSettings):
+    """What the Streamlit app shows; `trajlake dashboard` passes them to it as env vars."""
+
+    tokenizer: str | None = Field(
+        None,
+        description="a Hugging Face tokenizers JSON file to decode tokens in the browser",
+        json_schema_extra=cli(metavar="TOKENIZER_JSON"),
+    )
+
+
+class ServeSettings(Settings):
+    """Where `trajlake dashboard` serves the app."""
+
+    host: str = Field("127.0.0.1", description="address to bind (default: this machine only)")
+    port: int = Field(8501, ge=0, le=65535, description="port to serve on")

@@ -1,0 +1,97 @@
+"""Buses by role: the in-process and Kafka buses are publishers and consumers, a worker's bus only publishes."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import turn_event
+from trajlake.ingest.bus import setup_bus
+from trajlake.ingest.bus.base import Bus, Consumer, Publisher, SpoolStats
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.config import KafkaConfig
+from trajlake.ingest.sink import DeltaSink
+from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.rollout.workers import CollectingBus
+
+
+def kafka_bus(tmp_path: Path) -> Bus:
+    """A `KafkaBus` that never connects (its clients start on first use)."""
+    from trajlake.ingest.bus.kafka import KafkaBus
+
+    return KafkaBus(KafkaConfig(bootstrap="127.0.0.1:9", topic="roles", spool_dir=tmp_path / "spool"))
+
+
+@pytest.mark.parametrize("make", [lambda _: InProcessBus(), kafka_bus], ids=["inprocess", "kafka"])
+def test_both_buses_publish_and_consume(make, tmp_path: Path) -> None:
+    bus = make(tmp_path)
+    try:
+        assert isinstance(bus, Publisher) and isinstance(bus, Consumer) and isinstance(bus, Bus)
+        assert bus.spool_stats() == SpoolStats()  # nothing held back before anything was sent
+        assert (bus.on_assigned, bus.on_revoked, bus.on_lost) == (None, None, None)
+    finally:
+        bus.close()
+
+
+def test_a_workers_collecting_bus_only_publishes_and_raises_nothing_for_what_it_cannot_do() -> None:
+    bus = CollectingBus()
+    assert isinstance(bus, Publisher) and not isinstance(bus, Consumer)
+    for name, method in inspect.getmembers(CollectingBus, inspect.isfunction):
+        assert "NotImplementedError" not in inspect.getsource(method), name
+    bus.flush()
+    assert bus.spool_stats() == SpoolStats()
+
+
+def test_encoded_messages_sent_to_a_collecting_bus_reach_the_lake_once_published(lake, bus, drain) -> None:
+    """loadgen sends pre-encoded Arrow messages; a worker's bus keeps their events for the driver."""
+    collected = CollectingBus()
+    produced = generate(collected, LoadgenConfig(trajectories=3, prompt_tokens=4, output_tokens=4)).events
+    assert len(collected.events) == produced
+    bus.publish(collected.events)
+    drain()
+    assert lake.sql("select count(*) as n from events").to_pylist()[0]["n"] == produced
+    assert not lake.exists("dead_letters")
+
+
+def test_the_in_process_bus_reports_lag_per_partition_and_a_sink_takes_it_to_zero(lake) -> None:
+    bus = setup_bus("inprocess", partitions=2)
+    bus.publish([turn_event(trajectory_id=f"t{i}") for i in range(6)])  # one message per trajectory
+    assert sum(bus.lag().values()) == 6 and set(bus.lag()) == {0, 1}
+    DeltaSink(lake, bus).poll_once()
+    assert bus.lag() == {0: 0, 1: 0}
+
+
+ROLES = """
+from trajlake.ingest.bus.base import Bus, Consumer, Publisher
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.bus.kafka import KafkaBus
+from trajlake.ingest.config import KafkaConfig
+from trajlake.rollout.workers import CollectingBus
+
+
+def roles(config: KafkaConfig) -> None:
+    buses: list[Bus] = [InProcessBus(), KafkaBus(config)]
+    publisher: Publisher = CollectingBus()
+    consumer: Consumer = CollectingBus()  # the one line mypy must refuse
+"""
+
+
+def test_mypy_agrees_which_bus_plays_which_role(tmp_path: Path) -> None:
+    """Statically: every method of each role is there, with its signature (isinstance checks names only)."""
+    pytest.importorskip("mypy")
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "pkgs").mkdir()
+    (tmp_path / "pkgs" / "trajlake").symlink_to(root)  # the repository root is the package
+    (tmp_path / "roles.py").write_text(ROLES)
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml"), "--follow-imports=silent",
+         "--cache-dir", str(tmp_path / "cache"), str(tmp_path / "roles.py")],
+        capture_output=True, text=True, env={**os.environ, "MYPYPATH": str(tmp_path / "pkgs")}, timeout=300,
+    )  # fmt: skip
+    errors = [line for line in out.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and "roles.py:12:" in errors[0] and '"Consumer"' in errors[0], out.stdout

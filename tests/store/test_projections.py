@@ -1,0 +1,104 @@
+"""Projection rows of a fixed set of events, written out literally: the SQL must keep producing them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from trajlake.schemas import events_to_table
+from trajlake.schemas.tables import TABLE_SCHEMAS
+from trajlake.store import projections as pj
+
+T0 = dt.datetime(2026, 1, 31, 12, 0, tzinfo=dt.UTC)
+
+
+def at(second: int) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=second)
+
+
+def event(i: int, event_type: str, **fields: Any) -> dict[str, Any]:
+    envelope = {"event_id": f"e{i:02d}", "event_type": event_type, "schema_version": 1, "run_id": "r"}
+    return {**envelope, "event_time": at(i), "producer_id": "p", **fields}
+
+
+EVENTS = [
+    event(0, "policy_updated", policy_version=3, step=3, checkpoint="ckpt/3", metrics={"loss": 0.5}),
+    event(1, "trajectory_started", trajectory_id="t", seq=0, task_id="task", group_id="g", sample_index=1,
+          environment="math", harness="h", model="m", context_budget_tokens=100, vocab_size=50,
+          sampling_params={"temperature": 1.0}),
+    event(2, "turn", trajectory_id="t", seq=1, turn_index=0, policy_version=3, input_token_ids=[1, 2, 3],
+          output_token_ids=[4, 5], output_logprobs=[-0.5, -0.25], loss_mask=[True, False],
+          finish_reason="tool_calls", context_used_fraction=0.05, latency_s=0.5, advantage=0.25),
+    event(3, "tool_call", trajectory_id="t", seq=2, call_id="c1", tool_name="python", arguments={"code": "1+1"},
+          is_code_execution=True),
+    event(4, "tool_result", trajectory_id="t", seq=3, call_id="c1", tool_name="python", ok=False,
+          error_type="timeout", timed_out=True, output_tokens=2, latency_s=1.5, retries=2),
+    event(5, "tool_result", trajectory_id="t", seq=4, call_id="c2", tool_name="bash", ok=True),
+    event(6, "turn", trajectory_id="t", seq=5, turn_index=1, policy_version=4, input_token_ids=[6, 7],
+          input_is_full=True, tito_drift=True, nudged=True, output_token_ids=[8], output_logprobs=[-1.0]),
+    event(7, "reward", trajectory_id="t", seq=6, reward=1.0, verifier="exact", reward_components={"a": 1.0}),
+    event(8, "trajectory_finished", trajectory_id="t", seq=7, status="completed", failure_origin="model",
+          failure_label="model_capability", message="done"),
+    event(9, "batch_consumed", step=4, trainer_version=4, consumed_trajectory_ids=["t", "u"],
+          consumed_staleness=[1, 2]),
+    event(10, "trajectory_started", trajectory_id="u", seq=0, task_id="task2", group_id="g", sample_index=0),
+]  # fmt: skip
+
+F05 = 0.05000000074505806  # 0.05 as float32
+
+EXPECTED: dict[str, list[tuple]] = {
+    "turns": [
+        ("r", "t", "e02", 1, 0, 3, 3, 2, 1, False, "tool_calls", F05, False, False, 0.5, -0.75, at(2), 0.25),
+        ("r", "t", "e06", 5, 1, 4, 2, 1, 1, True, None, None, True, True, None, -1.0, at(6), None),
+    ],
+    "tool_calls": [
+        ("r", "t", "c1", "python", '{"code":"1+1"}', True, True, False, "timeout", True, False, 2, 2, 1.5,
+         2, 3, at(3), at(4)),
+        ("r", "t", "c2", "bash", None, False, True, True, None, False, False, None, 0, None,
+         None, 4, None, at(5)),
+    ],
+    "trajectories": [
+        ("r", "t", "task", "g", 1, "math", "h", "m", 100, 3, 4, 1.0, None, "completed", "model",
+         "model_capability", "done", True, 2, 2, 1, 1, 0, 2, 1, 3, 2, 8, -1.75, F05, True, 1, True, 1,
+         at(1), at(8)),
+        ("r", "u", "task2", "g", 0, None, None, None, None, None, None, None, None, None, None,
+         None, None, False, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, None, False, 0, False, 0,
+         at(10), None),
+    ],
+    "policy_versions": [("r", 3, 3, "ckpt/3", '{"loss":0.5}', at(0))],
+    "batch_consumption": [("r", 4, 4, "t", 1, at(9)), ("r", 4, 4, "u", 2, at(9))],
+}  # fmt: skip
+
+SCALAR_COLUMNS = (
+    "event_id", "event_type", "run_id", "trajectory_id", "seq", "event_time", "task_id", "group_id",
+    "sample_index", "environment", "harness", "model", "context_budget_tokens", "turn_index",
+    "policy_version", "input_is_full", "finish_reason", "context_used_fraction", "nudged", "tito_drift",
+    "latency_s", "call_id", "tool_name", "arguments", "is_code_execution", "ok", "error_type", "timed_out",
+    "truncated", "output_tokens", "retries", "reward", "verifier_error", "status", "failure_origin",
+    "failure_label", "message", "step", "checkpoint", "metrics", "trainer_version",
+    "consumed_trajectory_ids", "consumed_staleness", "advantage",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def projected() -> dict:
+    return pj.compute(pj.scalarize(events_to_table(EVENTS)))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED), ids=sorted(EXPECTED))
+def test_projection_rows_of_known_events(projected: dict, name: str) -> None:
+    table = projected[name]
+    assert table.schema.equals(TABLE_SCHEMAS[name])
+    rows = [tuple(row.values()) for row in table.to_pylist()]
+    assert rows == EXPECTED[name]
+
+
+def test_projections_read_these_event_columns() -> None:
+    assert pj.SCALAR_COLUMNS == SCALAR_COLUMNS
+    assert pj.EVENT_COLUMNS == SCALAR_COLUMNS + pj.TOKEN_COLUMNS
+
+
+def test_a_turns_advantage_reaches_the_turns_table_and_is_null_when_not_sent(projected: dict) -> None:
+    assert projected["turns"].column("advantage").to_pylist() == [0.25, None]
