@@ -14,11 +14,8 @@ import select
 import sys
 from collections.abc import Sequence
 
-from trajlake.schemas.settings import DEFAULT_LAKE, SettingsError, SettingsParser, settings_error
-
-__all__ = ["DEFAULT_LAKE", "CliError", "build_parser", "main", "settings_error"]
-
 from trajlake.schemas.errors import TrajlakeError
+from trajlake.schemas.settings import SettingsError, SettingsParser
 
 COMMAND_MODULES = (
     "trajlake.store.commands",
@@ -29,10 +26,6 @@ COMMAND_MODULES = (
     "trajlake.dashboards.commands",
     "trajlake.demo.commands",
 )
-
-
-class CliError(TrajlakeError):
-    """A user-facing failure: printed to stderr without a traceback, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

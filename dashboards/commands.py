@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trajlake.cli import CliError
 from trajlake.dashboards.config import AppSettings, ServeSettings, ThresholdSettings
+from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import FormatSettings, LakeSettings, RunSettings, add_settings, env_name
 
 APP = Path(__file__).with_name("app.py")

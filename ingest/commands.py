@@ -7,9 +7,9 @@ import json
 import logging
 from pathlib import Path
 
-from trajlake.cli import CliError
 from trajlake.ingest.broker import BrokerConfig
 from trajlake.ingest.config import IngestSettings, KafkaConfig, SinkConfig
+from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import KafkaSwitch, LakeSettings, add_settings
 
 
@@ -74,8 +74,8 @@ def run_ingest(args: argparse.Namespace) -> int:
     """Run the sink; print its totals as JSON when it stops."""
     from pydantic import ValidationError
 
-    from trajlake.cli import settings_error
     from trajlake.ingest.service import run_ingest as serve
+    from trajlake.schemas.settings import settings_error
 
     kafka: KafkaConfig = args.KafkaConfig
     bootstrap = args.kafka or (kafka.bootstrap if "bootstrap" in kafka.model_fields_set else None)

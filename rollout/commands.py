@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from trajlake.cli import CliError
 from trajlake.ingest.config import KafkaConfig
 from trajlake.rollout.config import DoctorSettings, ImportSettings, LoadgenConfig
+from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import KafkaSwitch, LakeSettings, RunSettings, add_settings
 
 

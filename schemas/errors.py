@@ -9,6 +9,11 @@ class TrajlakeError(Exception):
     that catch that)."""
 
 
+class CliError(TrajlakeError):
+    """A command's input or situation the user must fix (a missing run, a bad query): printed to
+    stderr without a traceback, exit code 2."""
+
+
 class EventError(TrajlakeError, ValueError):
     """An event that breaks the event model; the message names the field, the value and the fix."""
 

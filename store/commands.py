@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from trajlake.cli import CliError
+from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import FormatSettings, LakeSettings, add_settings
 from trajlake.store.config import CompactSettings
 

@@ -8,8 +8,8 @@ import sys
 
 from pydantic import ValidationError
 
-from trajlake.cli import CliError, settings_error
-from trajlake.schemas.settings import FormatSettings, LakeSettings, RunSettings, add_settings
+from trajlake.schemas.errors import CliError
+from trajlake.schemas.settings import FormatSettings, LakeSettings, RunSettings, add_settings, settings_error
 from trajlake.trainer.config import (
     AblateOutput,
     AblationConfig,
@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_train_options(p: argparse.ArgumentParser) -> None:
-    """The options of `trajlake train` (and of `python -m trajlake.trainer.reference`)."""
+    """The options of `trajlake train`."""
     add_settings(p, TrainSettings)
     add_settings(p, TrainerConfig, ["steps", "rank"])
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -200,16 +198,3 @@ def train(lake_root: str, config: TrainerConfig, catalog_url: str | None = None,
         trainer.cleanup()
         lake.close()
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m trajlake.trainer.reference --lake D --run R [--steps N] [--rank K]`: `trajlake train`."""
-    from trajlake.cli import main as cli_main
-
-    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # deltalake's runtime threads can abort a normal interpreter exit

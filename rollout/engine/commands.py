@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from trajlake.cli import CliError
 from trajlake.rollout.engine.server import VllmServerConfig, VllmStateSettings, VllmStopSettings
+from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import add_settings
 
 SERVER_OPTIONS = [

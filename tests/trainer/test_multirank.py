@@ -77,8 +77,9 @@ def test_three_ranks_share_a_run_without_overlap_and_recover_a_killed_ranks_leas
         subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "trajlake.trainer.reference",
+                "-c",
+                "from trajlake.cli import run; run()",
+                "train",
                 "--lake",
                 lake.root,
                 "--run",

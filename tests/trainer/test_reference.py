@@ -11,7 +11,7 @@ from trajlake.ingest.recorder import Recorder
 from trajlake.store.projections import catch_up
 from trajlake.trainer.config import SamplerConfig, TrainerConfig
 from trajlake.trainer.policy import TinyPolicy
-from trajlake.trainer.reference import ReferenceTrainer, main
+from trajlake.trainer.reference import ReferenceTrainer
 
 VOCAB = 16
 
@@ -103,23 +103,15 @@ def test_repeated_steps_raise_the_likelihood_of_rewarded_samples(lake, bus, drai
     trainer.cleanup()
 
 
-def test_main_trains_and_prints_json_lines(lake, bus, drain, capsys, tmp_path):
-    rollouts(bus)
-    drain()
-    extra = json.dumps({"sampler": {"groups_per_batch": 1}, "checkpoint_dir": str(tmp_path / "c")})
-    assert main(["--lake", lake.root, "--run", "run-r", "--steps", "2", "--config", extra]) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [line["trainer_version"] for line in lines] == [1, 2]
-
-
 def test_trajlake_train_command_runs_the_reference_trainer(lake, bus, drain, capsys, tmp_path):
     from trajlake.cli import main as cli
 
     rollouts(bus)
     drain()
-    extra = json.dumps({"checkpoint_dir": str(tmp_path / "c")})
-    assert cli(["train", "--lake", lake.root, "--run", "run-r", "--steps", "1", "--config", extra]) == 0
-    assert json.loads(capsys.readouterr().out.splitlines()[0])["trainer_version"] == 1
+    extra = json.dumps({"sampler": {"groups_per_batch": 1}, "checkpoint_dir": str(tmp_path / "c")})
+    assert cli(["train", "--lake", lake.root, "--run", "run-r", "--steps", "2", "--config", extra]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["trainer_version"] for line in lines] == [1, 2]
     assert cli(["train", "--lake", lake.root, "--run", "run-r", "--config", '{"policy_loss": "nope"}']) == 2
     assert "policy_loss must be one of" in capsys.readouterr().err
 
