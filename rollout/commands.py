@@ -9,7 +9,7 @@ import sys
 from trajlake.ingest.config import KafkaConfig
 from trajlake.rollout.config import DoctorSettings, ImportSettings, LoadgenConfig
 from trajlake.schemas.errors import CliError
-from trajlake.schemas.settings import KafkaSwitch, LakeSettings, RunSettings, add_settings
+from trajlake.schemas.settings import FormatSettings, KafkaSwitch, LakeSettings, RunSettings, add_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings(d, LakeSettings)
     add_settings(d, RunSettings, help={"run_id": "run id to check"})
     add_settings(d, DoctorSettings)
+    add_settings(d, FormatSettings, ["max_width"])
     d.set_defaults(handler=run_doctor)
 
     p = subparsers.add_parser("loadgen", help="synthetic agent-RL workload through the bus")
@@ -101,10 +102,12 @@ def run_import_skyrl(args: argparse.Namespace) -> int:
 
 def run_doctor(args: argparse.Namespace) -> int:
     from trajlake.rollout.doctor import diagnose, render, render_json
+    from trajlake.schemas.terminal import table_width
     from trajlake.store.lake import Lake
 
     report = diagnose(Lake(args.lake), args.run_id, args.max_system_error_rate)
-    print(render_json(report) if args.format == "json" else render(report))
+    width = table_width(sys.stdout, args.max_width)
+    print(render_json(report) if args.format == "json" else render(report, width))
     if not report.totals.get("trajectories"):
         return 2
     return 0 if report.healthy else 1

@@ -124,23 +124,29 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:5.1f}%" if whole else "    -"
 
 
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
-    cells = [
-        [
-            ("" if r.get(c) is None else f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]))
-            for c in columns
-        ]
-        for r in rows
-    ]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
-    return [line, "  ".join("-" * w for w in widths)] + [
-        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells
-    ]
+ENVIRONMENT_COLUMNS = ["environment", "trajectories", "system_failures", "model_failures", "timeouts",
+                       "context_exhausted", "nudged", "drift", "mean_reward"]  # fmt: skip
+FAILURE_COLUMNS = ["failure_origin", "failure_label", "trajectories"]
+TOOL_COLUMNS = [
+    "tool_name",
+    "calls",
+    "errors",
+    "malformed",
+    "timeouts",
+    "truncated",
+    "retries",
+    "code_execution",
+]
 
 
-def render(report: DoctorReport) -> str:
-    """The report as text for a terminal."""
+def _table(rows: list[dict[str, Any]], columns: list[str], width: int | None) -> list[str]:
+    from trajlake.schemas.terminal import format_table
+
+    return format_table(columns, [[r.get(c) for c in columns] for r in rows], width, float_format=".3f")
+
+
+def render(report: DoctorReport, width: int | None = None) -> str:
+    """The report as text; each table fits `width` characters (None: never cut)."""
     t = report.totals
     n = t.get("trajectories") or 0
     if not n:
@@ -154,56 +160,15 @@ def render(report: DoctorReport) -> str:
         f"  malformed-call retries {t['tool_retries']}",
         f"  nudges           {t['nudges']:>6} in {t['nudged_trajectories']} trajectories",
         f"  TITO drift       {t['drift_trajectories']:>6} trajectories ({t['drift_turns']} turns)",
-        "",
-        "per environment:",
-        *(
-            "  " + s
-            for s in _table(
-                report.by_environment,
-                [
-                    "environment",
-                    "trajectories",
-                    "system_failures",
-                    "model_failures",
-                    "timeouts",
-                    "context_exhausted",
-                    "nudged",
-                    "drift",
-                    "mean_reward",
-                ],
-            )
-        ),
     ]
-    if report.by_failure:
-        lines += [
-            "",
-            "failures by origin and label:",
-            *(
-                "  " + s
-                for s in _table(report.by_failure, ["failure_origin", "failure_label", "trajectories"])
-            ),
-        ]
-    if report.by_tool:
-        lines += [
-            "",
-            "per tool:",
-            *(
-                "  " + s
-                for s in _table(
-                    report.by_tool,
-                    [
-                        "tool_name",
-                        "calls",
-                        "errors",
-                        "malformed",
-                        "timeouts",
-                        "truncated",
-                        "retries",
-                        "code_execution",
-                    ],
-                )
-            ),
-        ]
+    inner = None if width is None else max(width - 2, 20)  # the tables are indented two spaces
+    for title, rows, columns in (
+        ("per environment", report.by_environment, ENVIRONMENT_COLUMNS),
+        ("failures by origin and label", report.by_failure, FAILURE_COLUMNS),
+        ("per tool", report.by_tool, TOOL_COLUMNS),
+    ):
+        if rows or columns is ENVIRONMENT_COLUMNS:
+            lines += ["", f"{title}:", *("  " + line for line in _table(rows, columns, inner))]
     verdict = (
         "OK"
         if report.healthy

@@ -168,21 +168,23 @@ def _tidy(value: float) -> float:
     return 0.0 if abs(value) < 1e-12 else value
 
 
-def format_table(report: dict[str, Any]) -> str:
-    """The report as a fixed-width text table: one row per configuration, mean ± std per metric."""
-    names = list(EVAL_METRICS) + (list(TRAIN_METRICS) if report["train"] else [])
-    header = ["aggregation", "policy_loss", *names]
-    rows = [
-        [c["aggregation"], c["policy_loss"]]
-        + [f"{_tidy(c['metrics'][n]['mean']):.4g} ± {_tidy(c['metrics'][n]['std']):.2g}" for n in names]
-        for c in report["configs"]
-    ]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
-    ]
-    title = (
+def title(report: dict[str, Any]) -> str:
+    """One line saying what the ablation replayed."""
+    return (
         f"ablation of run {report['run_id']}: {report['steps']} batches, {report['trajectories']} trajectories, "
         f"{report['tokens']} tokens, {report['seeds']} seeds, {'trained' if report['train'] else 'evaluated only'}"
     )
-    return "\n".join([title, lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+def summary(report: dict[str, Any], text: bool) -> tuple[list[str], list[list[Any]]]:
+    """(columns, rows): one row per configuration; each metric as "mean ± std" text, or (not
+    `text`) as `<metric>_mean` and `<metric>_std` numbers."""
+    names = list(EVAL_METRICS) + (list(TRAIN_METRICS) if report["train"] else [])
+    columns = ["aggregation", "policy_loss"]
+    columns += names if text else [f"{n}_{stat}" for n in names for stat in ("mean", "std")]
+    rows = []
+    for c in report["configs"]:
+        stats = [(_tidy(c["metrics"][n]["mean"]), _tidy(c["metrics"][n]["std"])) for n in names]
+        values = [f"{m:.4g} ± {sd:.2g}" for m, sd in stats] if text else [x for pair in stats for x in pair]
+        rows.append([c["aggregation"], c["policy_loss"], *values])
+    return columns, rows

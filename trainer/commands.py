@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ["run_id", "aggregations", "policy_losses", "steps", "seeds", "groups_per_batch", "train"],
     )
     add_settings(p, AblateOutput)
+    add_settings(p, FormatSettings)
     p.set_defaults(handler=run_ablate)
 
     p = subparsers.add_parser(
@@ -55,8 +56,9 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
 
 def run_ablate(args: argparse.Namespace) -> int:
     """Replay, print the table, optionally write JSON."""
+    from trajlake.schemas.terminal import write_table
     from trajlake.store.lake import Lake
-    from trajlake.trainer.ablate import format_table, run_ablation
+    from trajlake.trainer.ablate import run_ablation, summary, title
 
     config = args.AblationConfig
     lake = Lake(args.lake)
@@ -68,7 +70,13 @@ def run_ablate(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     finally:
         lake.close()
-    print(format_table(report))
+    if args.format == "json":
+        print(json.dumps(report))
+    else:
+        if args.format == "table":
+            print(title(report))
+        columns, rows = summary(report, text=args.format == "table")
+        write_table(columns, rows, sys.stdout, args.format, max_width=args.max_width)
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump(report, fh, indent=2)

@@ -122,6 +122,14 @@ def test_doctor_reports_and_fails_above_the_threshold(run_in_lake, capsys):
     assert {(f["failure_origin"], f["failure_label"]) for f in report["by_failure"]} == {("system", "infra")}
 
 
+def test_doctor_tables_fit_the_width_asked_for(run_in_lake, capsys):
+    main(["doctor", "--lake", run_in_lake.root, "--run", "doc-run", "--max-width", "60"])
+    out = capsys.readouterr().out
+    tables = [line for line in out.splitlines() if " | " in line]
+    assert tables and all(len(line) <= 60 for line in tables)
+    assert "columns hidden; --max-width 0 shows all" in out
+
+
 def test_doctor_on_an_unknown_run_says_so(lake, capsys):
     assert main(["doctor", "--lake", str(lake.root), "--run", "nope"]) == 2
     assert "no trajectories" in capsys.readouterr().out

@@ -31,8 +31,14 @@ def test_ablate_on_a_loadgen_run_prints_its_table_and_writes_json(loadgen_run, t
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("ablation of run lg: 2 batches")
-    assert lines[1].split()[:4] == ["aggregation", "policy_loss", "loss", "grad_norm"]
-    assert len(lines) == 3 + 9  # title, header, rule, 3 aggregations × 3 losses
+    assert [c.strip() for c in lines[1].split(" | ")][:4] == [
+        "aggregation",
+        "policy_loss",
+        "loss",
+        "grad_norm",
+    ]
+    assert len(lines) == 3 + 9 + 1  # title, header, rule, 3 aggregations × 3 losses, row count
+    assert lines[-1] == "(9 rows)"
     report = json.loads(path.read_text())
     assert {(c["aggregation"], c["policy_loss"]) for c in report["configs"]} == {
         (a, p) for a in ("token_mean", "sequence_mean", "prompt_mean") for p in ("ppo", "dppo", "glm5")
@@ -47,6 +53,28 @@ def test_ablate_on_a_loadgen_run_prints_its_table_and_writes_json(loadgen_run, t
     }
     assert spread["prompt_mean"] == pytest.approx(0.0, abs=1e-9)  # every prompt weighs the same
     assert spread["token_mean"] > 0  # long trajectories weigh more
+
+
+def test_ablate_as_csv_gives_each_mean_and_std_a_column(loadgen_run, capsys):
+    import csv
+    import io
+
+    args = [
+        "--lake",
+        loadgen_run.root,
+        "--run",
+        "lg",
+        "--steps",
+        "1",
+        "--policy-loss",
+        "ppo",
+        "--format",
+        "csv",
+    ]
+    assert main(["ablate", *args]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["aggregation"] for r in rows] == ["token_mean", "sequence_mean", "prompt_mean"]
+    assert float(rows[0]["loss_mean"]) != 0 and float(rows[0]["loss_std"]) >= 0
 
 
 def test_replays_are_identical_for_the_same_data_and_seeds(loadgen_run):
