@@ -54,7 +54,8 @@ def test_sigkilled_sinks_and_a_restarted_broker_lose_and_duplicate_nothing(
         time.sleep(0.05)
     assert all(p.poll() is None for p in producers)
     kill_broker(own_broker.data_dir)
-    time.sleep(2)
+    for producer in producers:  # each has felt the outage and spools rather than fail or drop
+        wait_for_log(producer, "unreachable")
     start_broker(own_broker)
 
     sink_env = {"TRAJLAKE_KAFKA_SESSION_TIMEOUT_S": "2"}  # the group drops a killed sink quickly
