@@ -8,10 +8,13 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 NOT_PACKAGED = {"tests", "bench", "scripts", "docs", "docker", "build", "dist"}
 
 
+@pytest.mark.integration  # builds the wheel in a process
 def test_the_wheel_holds_every_module_migration_and_page(tmp_path: Path) -> None:
     # a copy without build outputs: setuptools would reuse a stale build/ folder of the checkout
     source = tmp_path / "source"

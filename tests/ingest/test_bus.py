@@ -81,6 +81,7 @@ def roles(config: KafkaConfig) -> None:
 """
 
 
+@pytest.mark.integration  # runs mypy: seconds
 def test_mypy_agrees_which_bus_plays_which_role(tmp_path: Path) -> None:
     """Statically: every method of each role is there, with its signature (isinstance checks names only)."""
     pytest.importorskip("mypy")

@@ -103,6 +103,7 @@ BUILD = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # a process that builds a real Megatron-core model
 @pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None, reason="the train extra (megatron-core) is not installed"
 )

@@ -116,6 +116,7 @@ def test_trajlake_train_command_runs_the_reference_trainer(lake, bus, drain, cap
     assert "policy_loss must be one of" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # runs the smoke script in a process
 def test_gpu_smoke_script_says_what_it_needs_without_a_gpu():
     import subprocess
     import sys
