@@ -42,6 +42,7 @@ class LoadgenCounts:
 class TokenSampler:
     """Zipf-distributed token ids and realistic logprobs, drawn in bulk with numpy."""
 
+    FIRST_POOL = 1 << 12
     POOL = 1 << 20
 
     def __init__(self, vocab_size: int, zipf_a: float, rng: np.random.Generator) -> None:
@@ -51,10 +52,17 @@ class TokenSampler:
         self.cdf = np.cumsum(weights / weights.sum())
         self._ids = np.empty(0, np.int32)
         self._lps = np.empty(0, np.float32)
+        self._pools = {"ids": self.FIRST_POOL, "lps": self.FIRST_POOL}
+
+    def _pool(self, kind: str, n: int) -> int:
+        """How many to draw: at least `n`; pools double up to POOL, so a small run draws little."""
+        size = self._pools[kind]
+        self._pools[kind] = min(2 * size, self.POOL)
+        return max(n, size)
 
     def ids(self, n: int) -> np.ndarray:
         if len(self._ids) < n:
-            fresh = np.searchsorted(self.cdf, self.rng.random(max(n, self.POOL)))
+            fresh = np.searchsorted(self.cdf, self.rng.random(self._pool("ids", n)))
             self._ids = np.concatenate([self._ids, np.minimum(fresh, len(self.cdf) - 1).astype(np.int32)])
         out, self._ids = self._ids[:n], self._ids[n:]
         return out
@@ -62,7 +70,7 @@ class TokenSampler:
     def logprobs(self, n: int) -> np.ndarray:
         """Mostly confident tokens (near 0), some uncertain, a heavy tail of surprising ones."""
         if len(self._lps) < n:
-            self._lps = np.concatenate([self._lps, self._draw_logprobs(max(n, self.POOL))])
+            self._lps = np.concatenate([self._lps, self._draw_logprobs(self._pool("lps", n))])
         out, self._lps = self._lps[:n], self._lps[n:]
         return out
 
