@@ -1,4 +1,4 @@
-"""CLI commands of the lake: `sql`, `rebuild`, `compact`."""
+"""CLI commands of the lake: `sql`, `export`, `rebuild`, `compact`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import FormatSettings, LakeSettings, add_settings
-from trajlake.store.config import CompactSettings
+from trajlake.store.config import CompactSettings, ExportSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +20,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "query", help='one SELECT statement, e.g. "select status, count(*) from trajectories group by 1"'
     )
     p.set_defaults(handler=run_sql)
+
+    p = subparsers.add_parser(
+        "export", help="write the trajectories a query selects (tokens, masks, chat text) for SFT or datasets"
+    )
+    add_settings(p, LakeSettings)
+    add_settings(p, ExportSettings)
+    p.set_defaults(handler=run_export)
 
     p = subparsers.add_parser("rebuild", help="recreate the projections from `events`")
     add_settings(p, LakeSettings)
@@ -48,6 +55,26 @@ def run_sql(args: argparse.Namespace) -> int:
 
     rows = list(zip(*(column.to_pylist() for column in table.columns), strict=True))
     write_table(table.column_names, rows, sys.stdout, args.format, max_width=args.max_width)
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from trajlake.store.errors import LakeError
+    from trajlake.store.export import export
+    from trajlake.store.lake import Lake
+
+    lake = Lake(args.lake)
+    try:
+        report = export(lake, args.ExportSettings)
+    except LakeError as err:  # a refused query, no trajectory_id, a non-empty --out
+        raise CliError(str(err)) from None
+    except Exception as err:  # DuckDB errors: bad column, syntax; say what, never a traceback
+        if type(err).__module__.startswith(("duckdb", "_duckdb")):
+            raise CliError(f"{err}".strip()) from None
+        raise
+    what = "token ids and chat text" if report.text else "token ids"
+    files = f"{len(report.files)} file{'s' if len(report.files) != 1 else ''}"
+    print(f"{report.rows} trajectories ({what}) in {files} under {report.out}")
     return 0
 
 

@@ -1,8 +1,11 @@
-"""Settings of the lake: its Parquet layout, and `compact`."""
+"""Settings of the lake: its Parquet layout, `compact` and `export`."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import SettingsConfigDict
 
 from trajlake.schemas.settings import Settings, cli
 
@@ -42,3 +45,27 @@ class CatalogSettings(Settings):
         description="catalog URL, e.g. postgresql+psycopg://…; unset: SQLite in the lake",
         json_schema_extra=cli("--catalog"),
     )
+
+
+class ExportSettings(Settings):
+    """`trajlake export`: which trajectories, in which format, where (env TRAJLAKE_EXPORT_<FIELD>)."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_EXPORT_")
+
+    sql: str = Field(
+        ...,
+        min_length=1,
+        description='SELECT over the lake returning trajectory_id (and run_id), e.g. "select run_id, '
+        "trajectory_id, reward from trajectories where status = 'ok'\"",
+    )
+    format: Literal["parquet", "jsonl", "hf"] = Field(
+        "parquet", description="parquet files, JSON Lines, or a Hugging Face dataset directory"
+    )
+    out: str = Field(..., min_length=1, description="output directory (created if missing)")
+    force: bool = Field(False, description="write into a non-empty directory, replacing earlier exports")
+    tokenizer: str | None = Field(
+        None,
+        description="local tokenizer directory for the `messages` text (default: the run's recorded model)",
+    )
+    batch_rows: int = Field(1024, ge=1, description="trajectories read and written per batch")
+    rows_per_file: int = Field(100_000, ge=1, description="trajectories per output file")

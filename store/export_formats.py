@@ -1,0 +1,167 @@
+"""What `trajlake export` writes: numbered files per format, and each turn's tokens as chat text.
+
+Files are written under a hidden temporary name and renamed into place once complete, so a
+reader (or `datasets.load_dataset`) never sees half a file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+"""`messages`: the chat as text, one entry per prompt, tool output or model output."""
+
+DATA_FILES = {
+    "parquet": "part-{:05d}.parquet",
+    "jsonl": "part-{:05d}.jsonl",
+    "hf": "data/train-{:05d}.parquet",
+}
+"""Output file names per format; `--force` removes files of these shapes and nothing else."""
+
+DATASET_CARD = """---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*.parquet
+---
+# Trajectories exported by trajlake export
+
+Load with `datasets.load_dataset("{out}", split="train")`. `token_ids`, `logprobs` and
+`loss_mask` are the whole token sequence of each trajectory (loss_mask true on trained model
+tokens); `messages`, where a tokenizer was found, is the same sequence decoded per turn.
+"""
+
+
+def earlier_exports(out: Path) -> list[Path]:
+    """Files a previous export wrote into `out` (what `--force` replaces)."""
+    found = [p for pattern in DATA_FILES.values() for p in out.glob(pattern.replace("{:05d}", "*"))]
+    card = out / "README.md"
+    if card.is_file() and "trajlake export" in card.read_text(errors="replace")[:4096]:
+        found.append(card)
+    return found
+
+
+class ShardWriter:
+    """Appends record batches to numbered files of at most `rows_per_file` rows each."""
+
+    def __init__(self, out: Path, fmt: str, rows_per_file: int) -> None:
+        self.out, self.fmt, self.rows_per_file = out, fmt, rows_per_file
+        self.files: list[Path] = []
+        self.rows = 0
+        self._sink: Any = None
+        self._tmp: Path | None = None
+        self._in_file = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Write `batch`, starting a new file whenever the current one is full."""
+        start = 0
+        while start < batch.num_rows:
+            if self._sink is None:
+                self._open(batch.schema)
+            n = min(batch.num_rows - start, self.rows_per_file - self._in_file)
+            self._write(batch.slice(start, n))
+            start += n
+            self._in_file += n
+            self.rows += n
+            if self._in_file >= self.rows_per_file:
+                self._close_file()
+
+    def close(self, schema: pa.Schema | None = None) -> None:
+        """Finish the last file (an empty result still gets one, with `schema`); write the dataset card."""
+        if self._sink is None and not self.files and schema is not None:
+            self._open(schema)
+        self._close_file()
+        if self.fmt == "hf":
+            (self.out / "README.md").write_text(DATASET_CARD.format(out=self.out))
+
+    def _open(self, schema: pa.Schema) -> None:
+        path = self.out / DATA_FILES[self.fmt].format(len(self.files))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = path.with_name(f".{path.name}.tmp")
+        self.files.append(path)
+        self._in_file = 0
+        if self.fmt == "jsonl":
+            self._sink = open(self._tmp, "w", encoding="utf-8")  # noqa: SIM115 - closed in _close_file
+        else:
+            self._sink = pq.ParquetWriter(self._tmp, schema, compression="zstd", compression_level=1)
+
+    def _write(self, batch: pa.RecordBatch) -> None:
+        if self.fmt == "jsonl":
+            self._sink.write(
+                "".join(json.dumps(row, default=_json_value) + "\n" for row in batch.to_pylist())
+            )
+        else:
+            self._sink.write_batch(batch)
+
+    def _close_file(self) -> None:
+        if self._sink is None:
+            return
+        self._sink.close()
+        assert self._tmp is not None
+        os.replace(self._tmp, self.files[-1])
+        self._sink = self._tmp = None
+
+    def abort(self) -> None:
+        """Drop the file being written (an error or an interrupt midway)."""
+        if self._sink is not None:
+            self._sink.close()
+            assert self._tmp is not None
+            self._tmp.unlink(missing_ok=True)
+            self._sink = self._tmp = None
+            self.files.pop()
+
+
+def _json_value(value: Any) -> Any:
+    """JSON for what `json` cannot write itself: timestamps and dates as ISO 8601, the rest as text."""
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+Decode = Callable[[Sequence[int]], str]
+
+
+def load_tokenizer(path: str) -> Decode:
+    """A decoder of token ids from a local tokenizer directory (never downloads); raises OSError."""
+    if not Path(path).is_dir():
+        raise OSError(f"{path} is not a directory")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise OSError(str(err).splitlines()[0]) from None
+
+    def decode(ids: Sequence[int]) -> str:
+        return str(tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    return decode
+
+
+def chat_messages(
+    token_ids: Sequence[int], input_lengths: Sequence[int], output_lengths: Sequence[int], decode: Decode
+) -> list[dict[str, str]]:
+    """One trajectory's tokens as chat text: per turn, what came in (the first prompt as `user`,
+    later environment output as `tool`) and what the model wrote (`assistant`)."""
+    messages = []
+    at = 0
+    for turn, (n_in, n_out) in enumerate(zip(input_lengths, output_lengths, strict=True)):
+        if n_in:
+            messages.append(
+                {"role": "tool" if turn else "user", "content": decode(token_ids[at : at + n_in])}
+            )
+        at += n_in
+        messages.append({"role": "assistant", "content": decode(token_ids[at : at + n_out])})
+        at += n_out
+    return messages

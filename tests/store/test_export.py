@@ -1,0 +1,202 @@
+"""`trajlake export`: selected trajectories with their tokens (and chat text) as Parquet, JSON Lines, or a dataset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from transformers import AutoTokenizer
+
+from trajlake.cli import main
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.recorder import Recorder
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.store.lake import Lake
+
+SELECT = (
+    "select run_id, trajectory_id, reward from trajectories where run_id = 'exp' and status = 'completed'"
+)
+
+
+def record_chat(recorder: Recorder, tokenizer, trajectory_id: str, model: str) -> None:
+    """A two-turn tool-using trajectory whose tokens are real text of the tiny model."""
+    traj = recorder.start("task", trajectory_id=trajectory_id, model=model)
+    turns = [
+        ("<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n", "Let me compute.<|im_end|>\n"),
+        (
+            "<|im_start|>user\n<tool_response>5</tool_response><|im_end|>\n<|im_start|>assistant\n",
+            "5<|im_end|>",
+        ),
+    ]
+    for prompt, answer in turns:
+        out = tokenizer.encode(answer)
+        traj.turn(out, [-0.5] * len(out), 0, input_token_ids=tokenizer.encode(prompt))
+    traj.reward(1.0)
+    traj.finish("completed")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("model") / "tiny"
+    assert main(["model", "init", str(target), "--vocab-size", "400", "--seed", "3"]) == 0
+    return target
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory, model_dir, tokenizer):
+    """A loadgen run `exp`, and a chat trajectory in run `r1` (model: the tiny model's directory)
+    and in run `r2` (model: a name with no local tokenizer)."""
+    lake = Lake(tmp_path_factory.mktemp("export") / "lake")
+    bus = InProcessBus()
+    generate(bus, LoadgenConfig(run_id="exp", trajectories=40, turns=3, seed=11))
+    record_chat(Recorder(bus, "r1"), tokenizer, "chat-1", str(model_dir))
+    record_chat(Recorder(bus, "r2"), tokenizer, "chat-2", "some-org/remote-model")
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    yield lake
+    lake.close()
+
+
+def export(lake: Lake, out: Path, query: str, *options: str) -> int:
+    return main(["export", "--lake", lake.root, "--sql", query, "--out", str(out), *options])
+
+
+def expected(lake: Lake, query: str = SELECT) -> dict[str, tuple[list[int], list[bool]]]:
+    rows = lake.sql(
+        f"select trajectory_id, token_ids, loss_mask from trajectories where trajectory_id in (select trajectory_id from ({query}))"
+    )
+    return {r["trajectory_id"]: (r["token_ids"], r["loss_mask"]) for r in rows.to_pylist()}
+
+
+def read_rows(out: Path, fmt: str) -> list[dict]:
+    if fmt == "jsonl":
+        return [
+            json.loads(line) for path in sorted(out.glob("*.jsonl")) for line in path.read_text().splitlines()
+        ]
+    if fmt == "hf":
+        import datasets
+
+        return list(datasets.load_dataset(str(out), split="train", cache_dir=str(out.parent / "hf-cache")))
+    return pq.read_table(out).to_pylist()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "hf"])
+def test_each_format_holds_the_selected_rows_with_the_tokens_sql_returns(lake, tmp_path, fmt, capsys) -> None:
+    out = tmp_path / "out"
+    assert export(lake, out, SELECT, "--format", fmt) == 0
+    rows = read_rows(out, fmt)
+    want = expected(lake)
+    assert len(rows) == len(want) > 0
+    assert {r["trajectory_id"]: (r["token_ids"], r["loss_mask"]) for r in rows} == want
+    assert {"run_id", "trajectory_id", "reward", "token_ids", "logprobs", "loss_mask"} <= set(rows[0])
+    assert all(len(r["logprobs"]) == len(r["token_ids"]) for r in rows)
+    err = capsys.readouterr().err
+    assert f"export: {len(want)}/{len(want)} trajectories" in err  # the progress line
+    assert err.count("token ids only") == 1
+
+
+def test_hf_output_loads_with_datasets(lake, tmp_path) -> None:
+    import datasets
+
+    out = tmp_path / "hf"
+    assert export(lake, out, SELECT, "--format", "hf") == 0
+    data = datasets.load_dataset(
+        "parquet", data_dir=str(out / "data"), split="train", cache_dir=str(tmp_path / "c")
+    )
+    assert data.num_rows == len(expected(lake))
+    assert data.features["token_ids"].feature.dtype == "int32"
+
+
+def test_batches_and_files_are_bounded_and_hold_every_row(lake, tmp_path) -> None:
+    out = tmp_path / "out"
+    assert export(lake, out, SELECT, "--batch-rows", "4", "--rows-per-file", "10") == 0
+    files = sorted(out.glob("part-*.parquet"))
+    assert [pq.read_metadata(f).num_rows for f in files[:-1]] == [10] * (len(files) - 1)
+    assert {r["trajectory_id"] for r in pq.read_table(out).to_pylist()} == set(expected(lake))
+
+
+def test_a_non_empty_directory_needs_force(lake, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    assert export(lake, out, SELECT, "--rows-per-file", "5") == 0
+    (out / "notes.txt").write_text("mine")
+    assert export(lake, out, SELECT + " limit 3") == 2
+    assert "--force" in capsys.readouterr().err
+    assert export(lake, out, SELECT + " limit 3", "--force") == 0
+    assert [pq.read_metadata(f).num_rows for f in out.glob("part-*")] == [3]  # the earlier files are gone
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "query, says",
+    [
+        ("select trajectory_id, nope from trajectories", 'column "nope" not found'),
+        ("selec trajectory_id from trajectories", "syntax error"),
+        ("select run_id, reward from trajectories", "no trajectory_id column"),
+        ("delete from trajectories", "DELETE statements are refused"),
+    ],
+    ids=["bad-column", "syntax", "no-trajectory-id", "write"],
+)
+def test_a_query_that_cannot_be_exported_exits_2_with_the_reason(lake, tmp_path, capsys, query, says) -> None:
+    assert export(lake, tmp_path / "out", query) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_id_found_in_two_runs_needs_run_id_in_the_query(tmp_path, capsys) -> None:
+    lake = Lake(tmp_path / "lake")
+    bus = InProcessBus()
+    generate(bus, LoadgenConfig(run_id="a", trajectories=3, seed=1))
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    # ids are unique per lake when recorded; a lake assembled from two imports may repeat one
+    row = lake.read("trajectories").slice(0, 1)
+    lake.append("trajectories", row.set_column(row.schema.get_field_index("run_id"), "run_id", [["b"]]))
+    query = "select trajectory_id from trajectories"
+    assert export(lake, tmp_path / "out", query) == 2
+    assert "add run_id" in capsys.readouterr().err
+    assert export(lake, tmp_path / "out", "select run_id, trajectory_id from trajectories") == 0
+    assert pq.read_table(tmp_path / "out").num_rows == 4
+    lake.close()
+
+
+def decoded_turns(lake: Lake, tokenizer, run_id: str, trajectory_id: str) -> list[dict[str, str]]:
+    turns = lake.sql(
+        "select input_token_ids, output_token_ids from turns where run_id = ? and trajectory_id = ? order by seq",
+        [run_id, trajectory_id],
+    ).to_pylist()
+    messages = []
+    for i, turn in enumerate(turns):
+        messages.append(
+            {"role": "tool" if i else "user", "content": tokenizer.decode(turn["input_token_ids"])}
+        )
+        messages.append({"role": "assistant", "content": tokenizer.decode(turn["output_token_ids"])})
+    return messages
+
+
+def test_messages_are_each_turn_decoded_with_the_runs_tokenizer(lake, tokenizer, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    query = "select run_id, trajectory_id from trajectories where run_id in ('r1', 'r2')"
+    assert export(lake, out, query, "--format", "jsonl") == 0
+    by_run = {r["run_id"]: r for r in read_rows(out, "jsonl")}
+    assert by_run["r1"]["messages"] == decoded_turns(lake, tokenizer, "r1", "chat-1")
+    assert by_run["r1"]["messages"][1]["content"] == "Let me compute.<|im_end|>\n"
+    assert by_run["r2"]["messages"] is None  # its model is not on this machine
+    assert "some-org/remote-model" in capsys.readouterr().err
+
+
+def test_tokenizer_option_decodes_a_run_whose_model_is_elsewhere(
+    lake, tokenizer, model_dir, tmp_path
+) -> None:
+    out = tmp_path / "out"
+    query = "select run_id, trajectory_id from trajectories where run_id = 'r2'"
+    assert export(lake, out, query, "--tokenizer", str(model_dir)) == 0
+    (row,) = pq.read_table(out).to_pylist()
+    assert row["messages"] == decoded_turns(lake, tokenizer, "r2", "chat-2")
+    assert export(lake, tmp_path / "o2", query, "--tokenizer", str(tmp_path / "none")) == 2
