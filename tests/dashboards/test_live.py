@@ -7,11 +7,8 @@ from streamlit.runtime.scriptrunner import RerunData
 from streamlit.testing.v1 import AppTest, local_script_runner
 from streamlit.testing.v1.local_script_runner import LocalScriptRunner
 
-from tests.dashboards.conftest import RUN_ID, build_lake
+from tests.dashboards.conftest import RUN_ID, append_trajectories, build_lake, trajectories_in
 from trajlake.dashboards.commands import APP
-from trajlake.ingest.bus.inprocess import InProcessBus
-from trajlake.ingest.sink import DeltaSink, SinkConfig
-from trajlake.rollout.loadgen import LoadgenConfig, generate
 
 
 class Browser:
@@ -68,28 +65,6 @@ def open_app(lake, monkeypatch, page: str = "overview", **query: str) -> AppTest
 
 def trajectories_shown(at: AppTest) -> int:
     return int(next(m.value for m in at.metric if m.label == "Trajectories").replace(",", ""))
-
-
-def trajectories_in(lake) -> int:
-    """What the overview counts: the run's trajectories that reached a policy version."""
-    return (
-        lake.sql(
-            "select count(*) from trajectories where run_id = $run and policy_version_min is not null",
-            {"run": RUN_ID},
-        )
-        .column(0)[0]
-        .as_py()
-    )
-
-
-def append_trajectories(lake, n: int, seed: int, run_id: str = RUN_ID) -> None:
-    """More trajectories through the real pipeline (loadgen → bus → sink): new Delta commits."""
-    bus = InProcessBus(topic=f"more-{seed}", partitions=1)
-    generate(
-        bus,
-        LoadgenConfig(trajectories=n, run_id=run_id, turns=2, prompt_tokens=8, output_tokens=4, seed=seed),
-    )
-    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.2)
 
 
 @pytest.fixture
