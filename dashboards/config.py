@@ -7,6 +7,7 @@ from pydantic import Field
 from trajlake.schemas.settings import LakeSettings, Settings, cli
 
 DEFAULT_SUCCESS_THRESHOLD = 1.0
+MAX_LIVE_INTERVAL_S = 3600
 
 
 class ThresholdSettings(Settings):
@@ -24,6 +25,13 @@ class AppSettings(LakeSettings, ThresholdSettings):
         None,
         description="a Hugging Face tokenizers JSON file to decode tokens in the browser",
         json_schema_extra=cli(metavar="TOKENIZER_JSON"),
+    )
+    live_interval_s: int = Field(
+        10,
+        ge=1,
+        le=MAX_LIVE_INTERVAL_S,
+        description="seconds between rereads of the lake when the sidebar's Live toggle is on",
+        json_schema_extra=cli(option="--live-interval", metavar="SECONDS"),
     )
 
 

@@ -12,8 +12,9 @@ import streamlit as st
 
 from trajlake.dashboards import metrics
 
-CACHE_TTL_S = 15
-"""How long a page reuses a query's result; the sidebar's Refresh button clears it."""
+CACHE_TTL_S = 600
+"""How long a query's result stays in memory. Results are keyed on the lake's Delta versions
+(`lake_state`), so a new commit is read on the next rerun whatever this is."""
 
 
 @st.cache_resource(show_spinner=False)
@@ -28,9 +29,22 @@ def open_lake(root: str) -> Any:
     return Lake(root)
 
 
+def lake_state(root: str) -> tuple[int, ...]:
+    """The current Delta version of every table (a log poll each, about a millisecond locally)."""
+    from trajlake.store.lake import TABLES
+
+    lake = open_lake(root)
+    return tuple(lake.version(name) for name in TABLES)
+
+
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=256)
-def _cached_metric(root: str, name: str, args: tuple, kwargs: tuple) -> Any:
+def _cached_metric(root: str, state: tuple[int, ...], name: str, args: tuple, kwargs: tuple) -> Any:
     return getattr(metrics, name)(open_lake(root), *args, **dict(kwargs))
+
+
+def read_metric(root: str, state: tuple[int, ...], name: str, *args: Any, **kwargs: Any) -> Any:
+    """`metrics.<name>(lake, *args, **kwargs)`, cached for the lake's tables at versions `state`."""
+    return _cached_metric(root, state, name, args, tuple(sorted(kwargs.items())))
 
 
 @dataclass(frozen=True)
@@ -42,14 +56,16 @@ class PageContext:
     versions: tuple[int, int] | None
     success_threshold: float
     tokenizer_path: str | None = None
+    lake_state: tuple[int, ...] = ()
+    """The Delta versions the page reads at (see `lake_state`); a new commit makes new cache keys."""
 
     @property
     def lake(self) -> Any:
         return open_lake(self.lake_root)
 
     def metric(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """`metrics.<name>(lake, *args, **kwargs)`, cached for a few seconds."""
-        return _cached_metric(self.lake_root, name, args, tuple(sorted(kwargs.items())))
+        """`metrics.<name>(lake, *args, **kwargs)`, computed once per lake state."""
+        return read_metric(self.lake_root, self.lake_state, name, *args, **kwargs)
 
 
 def frame(table: pa.Table) -> Any:

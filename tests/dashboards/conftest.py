@@ -56,6 +56,28 @@ def record_trainer(lake: Lake, bus: InProcessBus, run_id: str, trajectory_ids: l
     lake.append("trainer_steps", pa.Table.from_pylist(steps, schema=TRAINER_STEPS_SCHEMA))
 
 
+def trajectories_in(lake) -> int:
+    """What the overview counts: the run's trajectories that reached a policy version."""
+    return (
+        lake.sql(
+            "select count(*) from trajectories where run_id = $run and policy_version_min is not null",
+            {"run": RUN_ID},
+        )
+        .column(0)[0]
+        .as_py()
+    )
+
+
+def append_trajectories(lake, n: int, seed: int, run_id: str = RUN_ID) -> None:
+    """More trajectories through the real pipeline (loadgen → bus → sink): new Delta commits."""
+    bus = InProcessBus(topic=f"more-{seed}", partitions=1)
+    generate(
+        bus,
+        LoadgenConfig(trajectories=n, run_id=run_id, turns=2, prompt_tokens=8, output_tokens=4, seed=seed),
+    )
+    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.2)
+
+
 @pytest.fixture(scope="session")
 def dash_lake(tmp_path_factory) -> Lake:
     """A run with trainer tables filled (shared, read-only: do not write to it)."""

@@ -6,6 +6,7 @@ apt-get when they are missing. Screenshots go to $TRAJLAKE_ARTIFACTS_DIR (defaul
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.dashboards.conftest import append_trajectories, build_lake, trajectories_in
 from trajlake.dashboards.app import PAGES
 
 pytestmark = pytest.mark.integration
@@ -62,13 +64,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def dashboard(dash_lake, tmp_path) -> Iterator[str]:
+@contextlib.contextmanager
+def serve(root: str, tmp_path: Path) -> Iterator[str]:
     """`trajlake dashboard` on a free port, as a user starts it; yields its URL."""
     port = free_port()
     log = (tmp_path / "dashboard.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from trajlake.cli import run; run()", "dashboard", "--lake", dash_lake.root,
+        [sys.executable, "-c", "from trajlake.cli import run; run()", "dashboard", "--lake", root,
          "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
@@ -93,6 +95,12 @@ def dashboard(dash_lake, tmp_path) -> Iterator[str]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+@pytest.fixture
+def dashboard(dash_lake, tmp_path) -> Iterator[str]:
+    with serve(dash_lake.root, tmp_path) as url:
+        yield url
 
 
 @pytest.fixture
@@ -157,3 +165,27 @@ def test_trajectory_browser_shades_tokens_in_chromium(dashboard, browser, artifa
     shaded = [s.get_attribute("style") for s in browser.find_elements(By.CSS_SELECTOR, "span.tok")]
     assert any("rgba(214, 39, 40" in s for s in shaded)  # sampled tokens, shaded by logprob
     browser.save_screenshot(str(artifacts / "browser-tokens.png"))
+
+
+def test_live_view_shows_new_trajectories_without_a_click(browser, tmp_path, artifacts):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    lake = build_lake(tmp_path / "lake", trajectories=32, trainer=False)
+
+    def shown(d) -> str:
+        metrics = [m.text for m in d.find_elements(By.CSS_SELECTOR, '[data-testid="stMetric"]')]
+        return next((t.split("\n")[-1] for t in metrics if t.startswith("Trajectories")), "")
+
+    with serve(lake.root, tmp_path) as url:
+        browser.get(f"{url}/?page=overview&live=2")
+        wait = WebDriverWait(browser, READY_S)
+        before = trajectories_in(lake)
+        wait.until(lambda d: shown(d) == f"{before:,}")
+        append_trajectories(lake, 16, seed=1)  # a running job commits more; nobody clicks
+        after = trajectories_in(lake)
+        assert after > before
+        wait.until(lambda d: shown(d) == f"{after:,}")
+        assert "live=2" in browser.current_url
+        assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+        browser.save_screenshot(str(artifacts / "live.png"))
