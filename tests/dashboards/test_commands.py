@@ -21,10 +21,22 @@ def metrics_json(lake, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+def _rounded(value, digits: int = 12):
+    """`value` with every float rounded to `digits` places, through dicts and lists."""
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, dict):
+        return {k: _rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v, digits) for v in value]
+    return value
+
+
 def test_metrics_json_is_the_dashboard_report(dash_lake, capsys):
     printed = metrics_json(dash_lake, capsys)
     expected = json.loads(json.dumps(metrics.metrics_report(dash_lake, RUN), default=str))
-    assert printed == expected
+    # DuckDB sums in parallel, so two runs of one average may differ in the last bit
+    assert _rounded(printed) == _rounded(expected)
     assert [v["policy_version"] for v in printed["versions"]] == [0, 1, 2, 3]
     assert set(printed["pass_at_k"]) == {str(k) for k in range(1, 17)}
 
