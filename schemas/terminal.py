@@ -130,7 +130,7 @@ def write_table(
         float_format: how a table shows floats (CSV and JSON keep full precision).
     """
     if fmt == "json":
-        json.dump([dict(zip(columns, row, strict=True)) for row in rows], out, default=_json_default)
+        json.dump([dict(zip(columns, row, strict=True)) for row in rows], out, default=json_default)
         out.write("\n")
     elif fmt == "csv":
         import csv
@@ -243,7 +243,8 @@ def _is_numeric_column(values: list[Any]) -> bool:
     )
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """JSON for what `json` cannot write itself: whole Decimals as ints, times as ISO 8601, bytes as hex."""
     if isinstance(value, decimal.Decimal):  # DuckDB sums of integers are HUGEINT -> Decimal
         return int(value) if value == value.to_integral_value() else float(value)
     if hasattr(value, "isoformat"):

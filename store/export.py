@@ -189,7 +189,7 @@ def tokenizers(
     missing = []
     for (model,) in rows:
         try:
-            decoders[model] = load_tokenizer(model) if model else _no_model()
+            decoders[model] = load_tokenizer(model or "")
         except OSError:
             missing.append(str(model))
     if missing:
@@ -200,10 +200,6 @@ def tokenizers(
             file=stream,
         )
     return decoders
-
-
-def _no_model() -> Decode:
-    raise OSError("no model recorded")
 
 
 def _empty(schema: pa.Schema) -> pa.RecordBatch:

@@ -6,7 +6,6 @@ reader (or `datasets.load_dataset`) never sees half a file.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -15,6 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from trajlake.schemas.terminal import json_default
 
 MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 """`messages`: the chat as text, one entry per prompt, tool output or model output."""
@@ -97,7 +98,7 @@ class ShardWriter:
     def _write(self, batch: pa.RecordBatch) -> None:
         if self.fmt == "jsonl":
             self._sink.write(
-                "".join(json.dumps(row, default=_json_value) + "\n" for row in batch.to_pylist())
+                "".join(json.dumps(row, default=json_default) + "\n" for row in batch.to_pylist())
             )
         else:
             self._sink.write_batch(batch)
@@ -120,20 +121,13 @@ class ShardWriter:
             self.files.pop()
 
 
-def _json_value(value: Any) -> Any:
-    """JSON for what `json` cannot write itself: timestamps and dates as ISO 8601, the rest as text."""
-    if isinstance(value, dt.datetime | dt.date | dt.time):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.hex()
-    return str(value)
-
-
 Decode = Callable[[Sequence[int]], str]
 
 
 def load_tokenizer(path: str) -> Decode:
     """A decoder of token ids from a local tokenizer directory (never downloads); raises OSError."""
+    if not path:
+        raise OSError("no model recorded")
     if not Path(path).is_dir():
         raise OSError(f"{path} is not a directory")
     from transformers import AutoTokenizer
