@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from trajlake.schemas.errors import CliError
@@ -39,18 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_sql(args: argparse.Namespace) -> int:
-    from trajlake.store.errors import ReadOnlyQueryError
     from trajlake.store.lake import Lake
 
     lake = Lake(args.lake)
-    try:
+    with _query_errors():
         table = lake.sql(args.query)
-    except ReadOnlyQueryError as err:
-        raise CliError(str(err)) from None
-    except Exception as err:  # DuckDB errors: bad column, syntax; say what, never a traceback
-        if type(err).__module__.startswith(("duckdb", "_duckdb")):
-            raise CliError(f"{err}".strip()) from None
-        raise
     from trajlake.schemas.terminal import write_table
 
     rows = list(zip(*(column.to_pylist() for column in table.columns), strict=True))
@@ -59,23 +54,27 @@ def run_sql(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from trajlake.store.errors import LakeError
     from trajlake.store.export import export
     from trajlake.store.lake import Lake
 
     lake = Lake(args.lake)
-    try:
+    with _query_errors():  # a refused query, no trajectory_id or a non-empty --out is a LakeError
         report = export(lake, args.ExportSettings)
-    except LakeError as err:  # a refused query, no trajectory_id, a non-empty --out
-        raise CliError(str(err)) from None
-    except Exception as err:  # DuckDB errors: bad column, syntax; say what, never a traceback
-        if type(err).__module__.startswith(("duckdb", "_duckdb")):
-            raise CliError(f"{err}".strip()) from None
-        raise
     what = "token ids and chat text" if report.text else "token ids"
     files = f"{len(report.files)} file{'s' if len(report.files) != 1 else ''}"
     print(f"{report.rows} trajectories ({what}) in {files} under {report.out}")
     return 0
+
+
+@contextmanager
+def _query_errors() -> Iterator[None]:
+    """A DuckDB error in the user's query (bad column, syntax) as a one-line CliError, no traceback."""
+    try:
+        yield
+    except Exception as err:
+        if type(err).__module__.startswith(("duckdb", "_duckdb")):
+            raise CliError(str(err).strip()) from None
+        raise
 
 
 def run_rebuild(args: argparse.Namespace) -> int:

@@ -56,7 +56,7 @@ class ExportSettings(Settings):
         ...,
         min_length=1,
         description='SELECT over the lake returning trajectory_id (and run_id), e.g. "select run_id, '
-        "trajectory_id, reward from trajectories where status = 'ok'\"",
+        "trajectory_id, reward from trajectories where status = 'completed'\"",
     )
     format: Literal["parquet", "jsonl", "hf"] = Field(
         "parquet", description="parquet files, JSON Lines, or a Hugging Face dataset directory"
