@@ -81,7 +81,7 @@ class Progress:
         of = f"/{self.total}" if self.total is not None else ""
         tail = f" {self.postfix}" if self.postfix else ""
         print(
-            f"{self.desc}: {self.n}{of} {self.unit} ({rate:,.0f} {self.unit}/s){tail}",
+            f"{self.desc}: {self.n}{of} {self.unit} ({_rate(rate)} {self.unit}/s){tail}",
             file=self.stream,
             flush=True,
         )
@@ -98,6 +98,11 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _rate(per_s: float) -> str:
+    """A rate readable at any size: 3,093 and 12 whole, 0.17 with two significant digits."""
+    return f"{per_s:,.0f}" if per_s >= 10 else f"{per_s:.2g}"
 
 
 def table_width(out: TextIO, max_width: int | None) -> int | None:

@@ -86,3 +86,15 @@ def test_progress_on_a_terminal_draws_a_bar_instead_of_lines() -> None:
     with Progress(3, "compact", unit="tables", stream=out) as progress:
         progress.update(3)
     assert "compact" in out.getvalue() and "3/3" in out.getvalue() and "tables/s)" not in out.getvalue()
+
+
+def test_a_slow_progress_shows_its_rate_not_zero(monkeypatch) -> None:
+    from trajlake.schemas import terminal
+
+    now = [100.0]
+    monkeypatch.setattr(terminal.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    progress = Progress(2, "train", "steps", stream=out, every=1)
+    now[0] += 6.0  # one step in 6 s
+    progress.update()
+    assert "(0.17 steps/s)" in out.getvalue()
