@@ -112,14 +112,11 @@ def test_behaviour_page_figures_match_sql(dash_lake, monkeypatch):
 
 def test_failures_page_counts_system_and_model_failures_like_sql(dash_lake, monkeypatch):
     at = render(dash_lake, monkeypatch, "failures")
-    counts = dict(
-        dash_lake.sql(
-            f"select failure_origin, count(*) from trajectories where run_id = '{RUN}' and finished group by 1"
-        )
-        .to_pylist()[i]
-        .values()
-        for i in range(3)
-    )
+    rows = dash_lake.sql(
+        "select failure_origin, count(*) as n from trajectories where run_id = $run and finished group by 1",
+        {"run": RUN},
+    ).to_pylist()
+    counts = {row["failure_origin"]: row["n"] for row in rows}
     assert metric(at, "System failures") == f"{counts['system']:,}"
     assert metric(at, "Model failures") == f"{counts['model']:,}"
     assert any("No dead letters" in s.value for s in at.success)
