@@ -335,15 +335,27 @@ class Recorder:
         )
 
     def batch_consumed(
-        self, step: int, trainer_version: int, trajectory_ids: Sequence[str], staleness: Sequence[int]
+        self,
+        step: int,
+        trainer_version: int,
+        trajectory_ids: Sequence[str],
+        staleness: Sequence[int],
+        advantages: Sequence[float] | None = None,
     ) -> None:
-        """Publish a trainer's `batch_consumed` event: which trajectories a step used."""
+        """Publish a trainer's `batch_consumed` event: which trajectories a step used.
+
+        `advantages`, when the trainer computed them, is each trajectory's advantage at this
+        step (same order as `trajectory_ids`); `batch_consumption.advantage` keeps it.
+        """
+        if advantages is not None and len(advantages) != len(trajectory_ids):
+            raise ValueError(f"{len(advantages)} advantages for {len(trajectory_ids)} consumed trajectories")
         self._publish_run_event(
             ev.BATCH_CONSUMED,
             step=step,
             trainer_version=trainer_version,
             consumed_trajectory_ids=list(trajectory_ids),
             consumed_staleness=list(staleness),
+            consumed_advantages=None if advantages is None else [float(a) for a in advantages],
         )
 
     def _publish_run_event(self, event_type: str, **fields: Any) -> None:

@@ -215,6 +215,12 @@ BODY: tuple[EventField, ...] = (
     EventField("attributes", pa.string(), ALL, json=True),
     # added after the first release: new fields go last, so stored tables gain a trailing column
     EventField("advantage", pa.float64(), _TURN, feeds=(Feed("turns"),)),  # the trainer's, for this turn
+    EventField(
+        "consumed_advantages",
+        pa.list_(pa.float64()),
+        (BATCH_CONSUMED,),
+        feeds=(Feed("batch_consumption", column="advantage", sql="unnest(consumed_advantages)"),),
+    ),  # the advantage each consumed trajectory got at that step, in `consumed_trajectory_ids` order
 )
 """Type-specific fields, grouped by the event type that introduces them."""
 

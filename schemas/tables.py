@@ -26,7 +26,8 @@ def _projection(table: str, *layout: str | tuple[str, pa.DataType]) -> pa.Schema
     named = {name for name, _ in columns}
     for field, feed in feeds_into(table):
         if (feed.column or field.name) not in named:
-            columns.append((feed.column or field.name, field.type))
+            unnested = feed.sql is not None and pa.types.is_list(field.type)  # one row per list item
+            columns.append((feed.column or field.name, field.type.value_type if unnested else field.type))
             named.add(feed.column or field.name)
     return pa.schema(columns)
 

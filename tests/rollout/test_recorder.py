@@ -124,3 +124,14 @@ def test_a_turns_advantage_is_queryable_and_null_when_not_recorded(lake, bus, dr
     drain()
     rows = lake.sql("select advantage from turns order by turn_index").to_pylist()
     assert rows == [{"advantage": 0.75}, {"advantage": None}]
+
+
+def test_a_consumed_batch_keeps_each_trajectorys_advantage(lake, bus, drain) -> None:
+    recorder = Recorder(bus, "run-adv", producer_id="trainer")
+    recorder.batch_consumed(3, 4, ["a", "b"], [0, 1], advantages=[0.5, -0.5])
+    recorder.batch_consumed(4, 5, ["c"], [0])  # a trainer that computed none
+    with pytest.raises(ValueError, match="1 advantages for 2 consumed trajectories"):
+        recorder.batch_consumed(5, 6, ["d", "e"], [0, 0], advantages=[1.0])
+    drain()
+    rows = lake.sql("select step, trajectory_id, advantage from batch_consumption order by all").to_pylist()
+    assert [tuple(r.values()) for r in rows] == [(3, "a", 0.5), (3, "b", -0.5), (4, "c", None)]

@@ -67,6 +67,7 @@ EVENTS = [
     ("consumed_staleness", pa.list_(pa.int64())),
     ("attributes", pa.string()),
     ("advantage", pa.float64()),
+    ("consumed_advantages", pa.list_(pa.float64())),
 ]
 
 TABLES = {
@@ -179,6 +180,7 @@ TABLES = {
         ("trajectory_id", pa.string()),
         ("staleness", pa.int64()),
         ("event_time", TS),
+        ("advantage", pa.float64()),
     ],
     "trainer_steps": [
         ("run_id", pa.string()),

@@ -42,7 +42,7 @@ EVENTS = [
     event(8, "trajectory_finished", trajectory_id="t", seq=7, status="completed", failure_origin="model",
           failure_label="model_capability", message="done"),
     event(9, "batch_consumed", step=4, trainer_version=4, consumed_trajectory_ids=["t", "u"],
-          consumed_staleness=[1, 2]),
+          consumed_staleness=[1, 2], consumed_advantages=[0.5, -0.5]),
     event(10, "trajectory_started", trajectory_id="u", seq=0, task_id="task2", group_id="g", sample_index=0),
 ]  # fmt: skip
 
@@ -68,7 +68,7 @@ EXPECTED: dict[str, list[tuple]] = {
          at(10), None),
     ],
     "policy_versions": [("r", 3, 3, "ckpt/3", '{"loss":0.5}', at(0))],
-    "batch_consumption": [("r", 4, 4, "t", 1, at(9)), ("r", 4, 4, "u", 2, at(9))],
+    "batch_consumption": [("r", 4, 4, "t", 1, at(9), 0.5), ("r", 4, 4, "u", 2, at(9), -0.5)],
 }  # fmt: skip
 
 SCALAR_COLUMNS = (
@@ -78,7 +78,7 @@ SCALAR_COLUMNS = (
     "latency_s", "call_id", "tool_name", "arguments", "is_code_execution", "ok", "error_type", "timed_out",
     "truncated", "output_tokens", "retries", "reward", "verifier_error", "status", "failure_origin",
     "failure_label", "message", "step", "checkpoint", "metrics", "trainer_version",
-    "consumed_trajectory_ids", "consumed_staleness", "advantage",
+    "consumed_trajectory_ids", "consumed_staleness", "advantage", "consumed_advantages",
 )  # fmt: skip
 
 
