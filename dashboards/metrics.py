@@ -41,6 +41,7 @@ from trajlake.dashboards.query import (
     version_join,
     versions_clause,
 )
+from trajlake.store.sql import connection
 
 __all__ = [
     "MAX_K",
@@ -371,11 +372,8 @@ def ingest_lag(lake: Any, run_id: str) -> pa.Table:
     )
     if not written:
         return schema.empty_table()
-    import duckdb
-
-    con = duckdb.connect()
+    con = connection()
     try:
-        con.execute("SET threads TO 2")
         con.register("written", pa.table({"file": list(written), "written_ms": list(written.values())}))
         return (
             con.sql(

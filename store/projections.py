@@ -36,7 +36,7 @@ from trajlake.schemas.fields import (
 from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
 from trajlake.store.errors import CommitConflict, TxnFenced
-from trajlake.store.sql import placeholders
+from trajlake.store.sql import connection, placeholders
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -226,7 +226,7 @@ def compute(events: pa.Table | None, con: duckdb.DuckDBPyConnection | None = Non
     With `events=None`, `con` must already have a view `e` over the events to project.
     """
     own = con is None
-    con = con or duckdb.connect()
+    con = con or connection()
     try:
         if events is not None:
             con.register("e", events)

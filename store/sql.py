@@ -79,15 +79,42 @@ def _file_list(paths: Sequence[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
+_shared: duckdb.DuckDBPyConnection | None = None
+_shared_lock = threading.Lock()
+
+
+def connection() -> duckdb.DuckDBPyConnection:
+    """A new DuckDB connection for the lake's own trusted work (projections, `Lake.read`).
+
+    Opening a DuckDB database costs 20-250 ms (it starts its thread pool; the most on a busy
+    machine), a connection to an open one microseconds, and projections run on every sink
+    commit. So these are cursors on one in-memory database per process. Registered objects
+    and temp views belong to one connection: callers do not see each other's. Close it when
+    done.
+    """
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = duckdb.connect()
+            _shared.execute("set threads to 2")
+        return _shared.cursor()
+
+
 def register_tables(
-    con: duckdb.DuckDBPyConnection, lake: Lake, names: Sequence[str], datasets: dict[str, Any] | None = None
+    con: duckdb.DuckDBPyConnection,
+    lake: Lake,
+    names: Sequence[str],
+    datasets: dict[str, Any] | None = None,
+    temp: bool = False,
 ) -> None:
     """(Re)create a raw `_t_<name>` view per table over its current files.
 
     On object storage the files are read through a pyarrow dataset registered as `_d_<name>`;
     registered objects belong to one connection, so they are also kept in `datasets` for
-    cursors to register again.
+    cursors to register again. With `temp`, the views are the connection's own (a
+    `connection()` shares its database with others); without, its cursors see them.
     """
+    view = "temp view" if temp else "view"
     for name in names:
         files = lake.files(name)
         if not lake.is_local and files:
@@ -102,20 +129,34 @@ def register_tables(
             con.register(f"_d_{name}", dataset)
             if datasets is not None:
                 datasets[f"_d_{name}"] = dataset
-            con.execute(f"create or replace view _t_{name} as select * from _d_{name}")
+            con.execute(f"create or replace {view} _t_{name} as select * from _d_{name}")
         elif files:
-            con.execute(f"create or replace view _t_{name} as {_select_files(con, lake, name, files)}")
+            con.execute(
+                f"create or replace {view} _t_{name} as {_select_files(con, lake, name, files, temp)}"
+            )
         else:
             from trajlake.store.lake import SCHEMAS
 
-            # An in-memory table, not a registered Arrow object: cursors (QueryEngine.cursor)
-            # do not see objects registered on the parent connection.
-            con.execute(f"drop table if exists _empty_{name}")
-            con.from_arrow(SCHEMAS[name].empty_table()).create(f"_empty_{name}")
-            con.execute(f"create or replace view _t_{name} as select * from _empty_{name}")
+            _arrow_table(con, f"_empty_{name}", SCHEMAS[name].empty_table(), temp)
+            con.execute(f"create or replace {view} _t_{name} as select * from _empty_{name}")
 
 
-def _select_files(con: duckdb.DuckDBPyConnection, lake: Lake, name: str, files: Sequence[str]) -> str:
+def _arrow_table(con: duckdb.DuckDBPyConnection, name: str, data: pa.Table, temp: bool) -> None:
+    """`data` as relation `name`: the connection's own, or a table its cursors see too.
+
+    Cursors (QueryEngine.cursor) do not see Arrow objects registered on the parent connection,
+    so for them it is copied into an in-memory table.
+    """
+    if temp:
+        con.register(name, data)
+        return
+    con.execute(f"drop table if exists {name}")
+    con.from_arrow(data).create(name)
+
+
+def _select_files(
+    con: duckdb.DuckDBPyConnection, lake: Lake, name: str, files: Sequence[str], temp: bool
+) -> str:
     """A query over local Parquet files of `name` with every column of its schema.
 
     Columns the stored table lacks (a lake from before a field existed) read as null; once
@@ -131,8 +172,7 @@ def _select_files(con: duckdb.DuckDBPyConnection, lake: Lake, name: str, files: 
     if not missing and not mixed:
         return f"select * from {source}"
     if missing:  # one row of typed nulls, joined on: a cast for every Arrow type, done by DuckDB
-        con.execute(f"drop table if exists _nulls_{name}")
-        con.from_arrow(pa.table({f.name: pa.nulls(1, f.type) for f in missing})).create(f"_nulls_{name}")
+        _arrow_table(con, f"_nulls_{name}", pa.table({f.name: pa.nulls(1, f.type) for f in missing}), temp)
         source += f", _nulls_{name}"
     return "select " + ", ".join(f'"{c}"' for c in schema.names) + f" from {source}"
 
@@ -141,10 +181,9 @@ def read_files(
     lake: Lake, name: str, columns: Sequence[str] | None, where: str | None, params: Params = None
 ) -> pa.Table:
     """Internal read of one stored table (trusted SQL: no read-only guard); values go in `params`."""
-    con = duckdb.connect()
+    con = connection()
     try:
-        con.execute("set threads to 2")
-        register_tables(con, lake, [name])
+        register_tables(con, lake, [name], temp=True)
         cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
         query = f"select {cols} from _t_{name}" + (f" where {where}" if where else "")
         return con.sql(query, params=params).to_arrow_table()

@@ -80,3 +80,16 @@ def test_cli_refusal_goes_to_stderr_with_exit_2(filled) -> None:
 def test_cli_bad_column_is_an_error_not_a_traceback(filled) -> None:
     out = trajlake("sql", "--lake", filled.root, "select no_such_column from trajectories", check=False)
     assert out.returncode == 2 and "no_such_column" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_internal_connections_share_a_database_but_not_each_others_objects() -> None:
+    from trajlake.store.sql import connection
+
+    first, second = connection(), connection()
+    first.register("e", pa.table({"x": [1, 2]}))
+    second.register("e", pa.table({"x": [10]}))
+    assert first.sql("select sum(x) from e").fetchall() == [(3,)]
+    assert second.sql("select sum(x) from e").fetchall() == [(10,)]
+    first.close()
+    assert second.sql("select sum(x) from e").fetchall() == [(10,)]
+    second.close()
