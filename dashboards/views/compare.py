@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import altair as alt
 import streamlit as st
 
 from trajlake.dashboards import compare
@@ -22,27 +23,27 @@ from trajlake.dashboards.views.common import (
     read_metric,
 )
 
-BY_VERSION = [
-    ("reward_mean", "Mean reward"),
-    ("pass_at_1", "pass@1"),
-    ("rollout_entropy", "Rollout entropy (−mean logprob)"),
-    ("turns_per_trajectory", "Turns per trajectory"),
-    ("tool_success_rate", "Tool success rate"),
-    ("system_failure_rate", "System failure rate"),
-    ("model_failure_rate", "Model failure rate"),
-]
-BY_STEP = [
-    ("reward_mean", "Mean reward of the consumed trajectories"),
-    ("pass_at_1", "pass@1 of the consumed trajectories"),
-    ("entropy", "Trainer entropy"),
-    ("mismatch", f"Train/inference logprob mismatch (healthy < {MISMATCH_THRESHOLD})"),
-    ("staleness_mean", "Mean staleness at consumption"),
-    ("turns_per_trajectory", "Turns per consumed trajectory"),
-    ("tool_success_rate", "Tool success rate of the consumed trajectories"),
-    ("system_failure_rate", "System failure rate of the consumed trajectories"),
-    ("model_failure_rate", "Model failure rate of the consumed trajectories"),
-]
-"""The charts of each section: (column, title); each draws one line per run."""
+BY_VERSION = {
+    "reward_mean": "Mean reward",
+    "pass_at_1": "pass@1",
+    "rollout_entropy": "Rollout entropy (−mean logprob)",
+    "turns_per_trajectory": "Turns per trajectory",
+    "tool_success_rate": "Tool success rate",
+    "system_failure_rate": "System failure rate",
+    "model_failure_rate": "Model failure rate",
+}
+BY_STEP = {
+    "reward_mean": "Mean reward",
+    "pass_at_1": "pass@1",
+    "entropy": "Trainer entropy",
+    "mismatch": f"Logprob mismatch (healthy < {MISMATCH_THRESHOLD})",
+    "staleness_mean": "Mean staleness",
+    "turns_per_trajectory": "Turns per trajectory",
+    "tool_success_rate": "Tool success rate",
+    "system_failure_rate": "System failure rate",
+    "model_failure_rate": "Model failure rate",
+}
+"""The small charts of each section: column -> title; each draws one line per run."""
 COLUMNS = 3
 
 
@@ -69,14 +70,27 @@ def choose_runs(runs: list[str], current: str) -> list[str]:
     return chosen
 
 
-def overlay(table: Any, x: str, charts: list[tuple[str, str]], x_type: str, run_ids: list[str]) -> list:
-    """A grid of line charts, one per (column, title), each with a line per run; returns the grid."""
-    grid = st.columns(COLUMNS)
-    for i, (column, title) in enumerate(charts):
-        with grid[i % COLUMNS]:
-            rule = MISMATCH_THRESHOLD if column == "mismatch" else None
-            line(table, x, column, title, color="run_id", x_type=x_type, rule=rule, domain=run_ids)
-    return grid
+def small_multiples(table: Any, x: str, measures: dict[str, str], x_type: str, run_ids: list[str]) -> None:
+    """One small chart per measure (each with its own y scale), a line per run in each: one Vega-Lite
+    facet, so the page builds and validates one chart per section rather than one per measure."""
+    data = frame(table.select(["run_id", x, *measures])).rename(columns=measures)
+    titles = list(measures.values())
+    chart = (
+        alt.Chart(data)
+        .transform_fold(titles, as_=["measure", "value"])
+        .mark_line(point=True)
+        .encode(
+            x=alt.X(f"{x}:{x_type}", title=x, axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("value:Q", title=None),
+            color=alt.Color("run_id:N", scale=alt.Scale(domain=run_ids), title="run"),
+            tooltip=["run_id:N", f"{x}:{x_type}", "measure:N", "value:Q"],
+        )
+        .properties(width=260, height=170)
+        .facet(facet=alt.Facet("measure:N", sort=titles, title=None), columns=COLUMNS)
+        .resolve_scale(y="independent")
+        .resolve_axis(x="independent")
+    )
+    st.altair_chart(chart, width="content")
 
 
 def render(ctx: PageContext) -> None:
@@ -97,8 +111,13 @@ def render(ctx: PageContext) -> None:
     )
 
     st.subheader("By policy version")
-    grid = overlay(versions, "policy_version", BY_VERSION, "O", list(run_ids))
-    with grid[len(BY_VERSION) % COLUMNS]:
+    if versions.num_rows:
+        small_multiples(versions, "policy_version", BY_VERSION, "O", list(run_ids))
+    else:
+        empty_state(
+            "policy versions for these runs", "Trajectories carry the policy version that started them."
+        )
+    with st.columns(COLUMNS)[0]:
         if curves.num_rows:
             title = "pass@k (unbiased estimator)"
             line(curves, "k", "pass_at_k", title, color="run_id", x_type="O", domain=list(run_ids))
@@ -114,6 +133,10 @@ def render(ctx: PageContext) -> None:
             "The trainer records consumed batches (`batch_consumption`) and its steps (`trainer_steps`).",
         )
         return
-    overlay(steps, "step", BY_STEP, "Q", list(run_ids))
+    st.caption(
+        "Reward, pass@1, staleness, turns, tool success and failures: of the trajectories the trainer "
+        "consumed at the step. Entropy and mismatch: what the trainer reported (mean over ranks)."
+    )
+    small_multiples(steps, "step", BY_STEP, "Q", list(run_ids))
     with st.expander("Figures by trainer step"):
         st.dataframe(frame(steps), hide_index=True, key="compare_steps")

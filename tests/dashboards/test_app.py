@@ -9,6 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from trajlake.dashboards.app import PAGES
 from trajlake.dashboards.commands import APP
+from trajlake.dashboards.views.compare import BY_STEP, BY_VERSION
 
 RUN = "dash-run"
 OTHER = "dash-run-b"
@@ -18,7 +19,7 @@ CHARTS_PER_PAGE = {
     "behaviour": 5,
     "failures": 4,
     "async": 4,
-    "compare": 17,  # 7 by policy version, pass@k, 9 by trainer step
+    "compare": 3,  # small multiples by policy version, pass@k, small multiples by trainer step
     "browser": 0,
     "sql": 0,
 }
@@ -271,7 +272,10 @@ def test_compare_page_overlays_two_runs_with_figures_that_match_sql(two_runs_lak
     specs = [json.loads(c.proto.spec) for c in charts(at)]
     assert len(specs) == CHARTS_PER_PAGE["compare"]
     # one line per run, each run in the same colour on every chart
-    assert all(s["encoding"]["color"]["scale"]["domain"] == [RUN, OTHER] for s in specs if "encoding" in s)
+    encodings = [s.get("spec", s)["encoding"] for s in specs]
+    assert [e["color"]["scale"]["domain"] for e in encodings] == [[RUN, OTHER]] * 3
+    measures = [s["spec"]["transform"][0]["fold"] for s in specs if "facet" in s]
+    assert measures == [list(BY_VERSION.values()), list(BY_STEP.values())]
 
 
 def test_compare_page_keeps_the_chosen_runs_in_the_url(two_runs_lake, monkeypatch):

@@ -33,7 +33,7 @@ CHARTS_PER_PAGE = {
     "behaviour": 5,
     "failures": 4,
     "async": 4,
-    "compare": 17,
+    "compare": 3,
     "browser": 0,
     "sql": 0,
 }
