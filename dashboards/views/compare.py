@@ -77,7 +77,7 @@ def small_multiples(table: Any, x: str, measures: dict[str, str], x_type: str, r
     titles = list(measures.values())
     chart = (
         alt.Chart(data)
-        .transform_fold(titles, as_=["measure", "value"])
+        .transform_fold(list[Any](titles), as_=["measure", "value"])
         .mark_line(point=True)
         .encode(
             x=alt.X(f"{x}:{x_type}", title=x, axis=alt.Axis(labelAngle=0)),
