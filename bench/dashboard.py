@@ -1,8 +1,9 @@
 """Dashboard benchmark: each page's queries on a big lake, next to a plain DuckDB scan of its tables.
 
-Builds (or reuses, with --lake) a lake of 100k trajectories and ~3M turns with loadgen (small
-token counts: the pages never read token payloads, only the browser reads one trajectory's),
-plus trainer tables (consumed batches, per-rank steps). For every page it measures:
+Builds (or reuses, with --lake) a lake of 5 runs of 100k trajectories and ~3M turns each with
+loadgen (small token counts: the pages never read token payloads, only the browser reads one
+trajectory's), each with trainer tables (consumed batches, per-rank steps). The comparison page
+overlays the 5 runs; every other page reads the first. For every page it measures:
   * queries: the metric functions the page calls, in a fresh process-wide Lake (first = cold,
     the DuckDB views being registered; again = the same calls once more);
   * scan: a plain DuckDB scan (max of every non-list column) of the stored tables the page reads,
@@ -31,6 +32,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from trajlake.dashboards import compare as c
 from trajlake.dashboards import metrics as m
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.recorder import Recorder
@@ -40,6 +42,8 @@ from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
 from trajlake.store.lake import Lake
 
 RUN = "bench-dashboard"
+RUNS = [RUN, *(f"{RUN}-{i}" for i in range(2, 6))]
+"""The runs the comparison page overlays (the issue's goal: 5 runs, each page < 2 s)."""
 APP = Path(__file__).parents[1] / "dashboards" / "app.py"
 GOAL_S = 2.0
 
@@ -76,6 +80,11 @@ PAGE_QUERIES: dict[str, tuple[list[str], list[Query]]] = {
         lambda lake, s: m.buffer_composition(lake, RUN, "difficulty", "arrivals", 1.0),
         lambda lake, s: m.buffer_composition(lake, RUN, "difficulty", "consumption", 1.0),
     ]),
+    "compare": (["trajectories", "turns", "batch_consumption", "trainer_steps"], [
+        lambda lake, s: c.by_version(lake, RUNS, 1.0),
+        lambda lake, s: c.by_step(lake, RUNS, 1.0),
+        lambda lake, s: c.pass_at_k_curves(lake, RUNS, 1.0),
+    ]),
     "browser": (["trajectories", "turns", "tool_calls", "events"], [
         lambda lake, s: s.update(found=m.find_trajectories(lake, RUN, None, (), (), "", None)),
         lambda lake, s: m.trajectory_summary(lake, RUN, s["found"].column("trajectory_id")[0].as_py()),
@@ -92,38 +101,42 @@ def _default_query() -> str:
     return default_query(RUN)
 
 
-def build_lake(root: Path, trajectories: int, turns: int, chunk: int) -> dict[str, int]:
-    """loadgen → in-process bus → sink, in chunks (one topic each) so memory stays bounded."""
+def build_run(root: Path, run_id: str, trajectories: int, turns: int, chunk: int) -> dict[str, int]:
+    """One run: loadgen → in-process bus → sink, in chunks (one topic each) so memory stays bounded."""
     lake = Lake(root)
     counts = {"trajectories": 0, "turns": 0, "events": 0}
+    seed = RUNS.index(run_id) * 1000  # each run its own tasks and rewards
     for i, start in enumerate(range(0, trajectories, chunk)):
-        bus = InProcessBus(topic=f"bench-{i}", partitions=4)
+        bus = InProcessBus(topic=f"{run_id}-{i}", partitions=4)
         config = LoadgenConfig(
-            trajectories=min(chunk, trajectories - start), run_id=RUN, turns=turns, max_turns=2 * turns,
+            trajectories=min(chunk, trajectories - start), run_id=run_id, turns=turns, max_turns=2 * turns,
             prompt_tokens=8, output_tokens=4, env_tokens=2, policy_versions=10, group_size=16,
-            vocab_size=32_000, seed=i,
+            vocab_size=32_000, seed=seed + i,
         )  # fmt: skip
-        c = generate(bus, config)
+        made = generate(bus, config)
         DeltaSink(lake, bus, SinkConfig(max_rows=1_000_000, max_latency_s=30)).run(until_idle_s=0.5)
-        counts = {k: counts[k] + getattr(c, k) for k in counts}
-        print(f"  built {counts['trajectories']:,} trajectories, {counts['turns']:,} turns", flush=True)
-    add_trainer(lake, steps=max(10, trajectories // 200))
+        counts = {k: counts[k] + getattr(made, k) for k in counts}
+        print(
+            f"  {run_id}: built {counts['trajectories']:,} trajectories, {counts['turns']:,} turns",
+            flush=True,
+        )
+    add_trainer(lake, run_id, steps=max(10, trajectories // 200))
     return counts
 
 
-def add_trainer(lake: Lake, steps: int, batch: int = 64, ranks: int = 8) -> None:
-    """Consumed batches (as events through the sink) and per-rank trainer steps."""
+def add_trainer(lake: Lake, run_id: str, steps: int, batch: int = 64, ranks: int = 8) -> None:
+    """Consumed batches (as events through the sink) and per-rank trainer steps of one run."""
     ids = lake.sql(
-        "select trajectory_id from _t_trajectories where run_id = $run order by started_at", {"run": RUN}
+        "select trajectory_id from _t_trajectories where run_id = $run order by started_at", {"run": run_id}
     )
     ids = ids.column(0).to_pylist()
-    bus = InProcessBus(topic="bench-trainer", partitions=1)
-    recorder = Recorder(bus, RUN, producer_id="trainer")
+    bus = InProcessBus(topic=f"{run_id}-trainer", partitions=1)
+    recorder = Recorder(bus, run_id, producer_id="trainer")
     rows = []
     for step in range(steps):
         chosen = ids[(step * batch) % len(ids) :][:batch]
         recorder.batch_consumed(step, step + 1, chosen, [step % 4] * len(chosen))
-        rows += [{"run_id": RUN, "step": step, "trainer_version": step + 1, "rank": r, "entropy": 1 / (1 + step),
+        rows += [{"run_id": run_id, "step": step, "trainer_version": step + 1, "rank": r, "entropy": 1 / (1 + step),
                   "mismatch": 0.02 + 0.0001 * step, "created_at": dt.datetime.now(dt.UTC)} for r in range(ranks)]  # fmt: skip
     DeltaSink(lake, bus, SinkConfig(max_latency_s=5)).run(until_idle_s=0.5)
     lake.append("trainer_steps", pa.Table.from_pylist(rows, schema=TRAINER_STEPS_SCHEMA))
@@ -168,7 +181,10 @@ def time_scan(lake: Lake, tables: list[str]) -> float:
 
 
 def time_render(root: Path, page: str) -> tuple[float, float]:
-    """Seconds for Streamlit's AppTest to render the whole page, caches cleared; then to rerun it."""
+    """Seconds for Streamlit's AppTest to render the whole page, caches cleared; then to rerun it.
+
+    The comparison page opens with every run of RUNS (`?runs=`); the others with the sidebar's run.
+    """
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
@@ -177,6 +193,9 @@ def time_render(root: Path, page: str) -> tuple[float, float]:
     st.cache_resource.clear()
     at = AppTest.from_file(str(APP), default_timeout=600)
     at.query_params["page"] = page
+    at.query_params["run"] = RUN
+    if page == "compare":
+        at.query_params["runs"] = ",".join(RUNS)
     t0 = time.perf_counter()
     at.run()
     elapsed = time.perf_counter() - t0
@@ -193,7 +212,7 @@ def main() -> None:
     logging.getLogger("streamlit").setLevel(logging.ERROR)  # AppTest outside a server warns on every run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="3,000 trajectories (~90k turns) instead of 100k (~3M)"
+        "--quick", action="store_true", help="3,000 trajectories (~90k turns) per run instead of 100k (~3M)"
     )
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument(
@@ -205,17 +224,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trajlake-bench-") as tmp:
         root = args.lake or Path(tmp) / "lake"
         lake = Lake(root)
-        if (
-            lake.exists("trajectories")
-            and lake.sql("select count(*) from _t_trajectories where run_id = $run", {"run": RUN})
-            .column(0)[0]
-            .as_py()
-        ):
+        built = set(m.runs(lake)) if lake.exists("trajectories") else set()
+        if built >= set(RUNS):
             print(f"reusing the lake at {root}")
-        else:
-            print(f"building {trajectories:,} trajectories x ~{turns} turns at {root} …", flush=True)
+        for run_id in [r for r in RUNS if r not in built]:
+            print(
+                f"building {run_id}: {trajectories:,} trajectories x ~{turns} turns at {root} …", flush=True
+            )
             t0 = time.perf_counter()
-            build_lake(root, trajectories, turns, chunk=min(trajectories, 10_000))
+            build_run(root, run_id, trajectories, turns, chunk=min(trajectories, 10_000))
             print(f"  built in {time.perf_counter() - t0:.0f} s")
         sizes = {
             n: lake.sql(f"select count(*) from _t_{n}").column(0)[0].as_py()

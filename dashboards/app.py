@@ -23,6 +23,7 @@ from trajlake.dashboards.views import (
     async_health,
     behaviour,
     browser,
+    compare,
     entropy,
     failures,
     overview,
@@ -36,6 +37,7 @@ PAGES = {
     "behaviour": ("Behaviour", behaviour.render),
     "failures": ("Failures", failures.render),
     "async": ("Async health", async_health.render),
+    "compare": ("Compare runs", compare.render),
     "browser": ("Trajectory browser", browser.render),
     "sql": ("SQL console", sql_console.render),
 }

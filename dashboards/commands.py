@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trajlake.dashboards.config import AppSettings, ServeSettings, ThresholdSettings
+from trajlake.dashboards.config import AppSettings, CompareSettings, ServeSettings, ThresholdSettings
 from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import FormatSettings, LakeSettings, RunSettings, add_settings, env_name
 
@@ -43,9 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings(p, ServeSettings)
     p.set_defaults(handler=run_dashboard)
 
-    p = subparsers.add_parser("metrics", help="the dashboard's figures per policy version")
+    p = subparsers.add_parser(
+        "metrics", help="the dashboard's figures per policy version, of one run or several side by side"
+    )
     add_settings(p, LakeSettings)
-    add_settings(p, RunSettings)
+    add_settings(p, RunSettings, optional=True)  # or --runs: `check_runs` wants exactly one
+    add_settings(p, CompareSettings)
     add_settings(p, FormatSettings)
     add_settings(p, ThresholdSettings)
     p.set_defaults(handler=run_metrics)
@@ -110,15 +113,36 @@ def run_dashboard(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def check_runs(run_id: str | None, compare: CompareSettings, runs: list[str], root: str) -> None:
+    """Exactly one of --run and --runs, naming runs of the lake (`runs`); else a CliError with the fix."""
+    there = f"runs there: {', '.join(runs) or 'none'}"
+    envs = f"{env_name(RunSettings, 'run_id')} / {env_name(CompareSettings, 'run_ids')}"
+    how = "--run RUN for one run's figures, or --runs A,B,... to compare runs"
+    if run_id and compare.run_ids:
+        raise CliError(
+            f"pass --run or --runs, not both (got run {run_id!r} and runs {','.join(compare.run_ids)!r}, "
+            f"from the options or {envs}): {how}"
+        )
+    if not run_id and not compare.run_ids:
+        raise CliError(f"say which runs: {how} (or set {envs}); {there}")
+    if run_id and compare.by == "step":
+        raise CliError(f"--by step needs --runs; pass --runs {run_id} --by step for this run's steps")
+    unknown = [r for r in compare.run_ids or [run_id] if r not in runs]
+    if len(unknown) == 1:
+        raise CliError(f"run {unknown[0]!r} is not in {root}; {there}")
+    if unknown:
+        raise CliError(f"runs {', '.join(map(repr, unknown))} are not in {root}; {there}")
+
+
 def run_metrics(args: argparse.Namespace) -> int:
     from trajlake.dashboards import metrics
     from trajlake.store.lake import Lake
 
     _check_lake(args.lake)
     lake = Lake(args.lake)
-    runs = metrics.runs(lake)
-    if args.run_id not in runs:
-        raise CliError(f"run {args.run_id!r} is not in {args.lake}; runs there: {', '.join(runs) or 'none'}")
+    check_runs(args.run_id, args.CompareSettings, metrics.runs(lake), args.lake)
+    if args.run_ids:
+        return print_comparison(lake, args)
     report = metrics.metrics_report(lake, args.run_id, args.success_threshold)
     if args.format == "json":  # the whole report: the table's rows and pass@k
         print(json.dumps(report, indent=2, default=str))
@@ -130,4 +154,28 @@ def run_metrics(args: argparse.Namespace) -> int:
     if args.format == "table":
         passk = "  ".join(f"pass@{k}={v:.4f}" for k, v in report["pass_at_k"].items())
         print(f"run {report['run_id']}: {passk or 'no scored trajectories'}")
+    return 0
+
+
+def print_comparison(lake: Any, args: argparse.Namespace) -> int:
+    """`trajlake metrics --runs`: the runs' figures by policy version or step, one row per run and x."""
+    from trajlake.dashboards import compare
+
+    report = compare.comparison_report(lake, args.run_ids, args.success_threshold)
+    if args.format == "json":  # the whole comparison: per run, by version, by step, pass@k
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    from trajlake.schemas.terminal import write_table
+
+    by_version = args.by == "version"
+    columns = (compare.VERSION_SCHEMA if by_version else compare.STEP_SCHEMA).names
+    rows = [[r[c] for c in columns] for r in report["by_version" if by_version else "by_step"]]
+    write_table(columns, rows, sys.stdout, args.format, max_width=args.max_width, float_format=".4f")
+    if args.format == "table":
+        for run in report["summary"]:
+            passk = {1: run["pass_at_1"], run["k"]: run["pass_at_k"]}  # k: the largest every run reaches
+            shown = "  ".join(f"pass@{k}={v:.4f}" for k, v in passk.items() if v is not None)
+            print(
+                f"run {run['run_id']}: {shown or 'no scored trajectories'}, {run['trainer_steps']} trainer steps"
+            )
     return 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
 from trajlake.schemas.settings import LakeSettings, Settings, cli
 
@@ -16,6 +19,28 @@ class ThresholdSettings(Settings):
     success_threshold: float = Field(
         DEFAULT_SUCCESS_THRESHOLD, description="a sample passes when its reward is >= this"
     )
+
+
+class CompareSettings(Settings):
+    """Which runs `trajlake metrics --runs` puts side by side, and which of its tables it prints."""
+
+    run_ids: Annotated[list[str], NoDecode] = Field(
+        [],
+        validation_alias="TRAJLAKE_RUNS",
+        description="runs to compare, comma-separated: overlaid by policy version and by trainer step",
+        json_schema_extra=cli("--runs", metavar="RUN,RUN,..."),
+    )
+    by: Literal["version", "step"] = Field(
+        "version",
+        description="with --runs, the table to print: by policy version or by trainer step; json holds both",
+    )
+
+    @field_validator("run_ids", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",")]
+        return list(dict.fromkeys(v for v in value if v)) if isinstance(value, list) else value
 
 
 class AppSettings(LakeSettings, ThresholdSettings):

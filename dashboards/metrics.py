@@ -417,23 +417,36 @@ def freshness_s(lake: Any, run_id: str) -> float | None:
 
 
 # -- the report of `trajlake metrics` ---------------------------------------------------------
+def figures_by_version(
+    lake: Any,
+    run_id: str,
+    versions: VersionRange = None,
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
+) -> list[dict[str, Any]]:
+    """Per policy version, one row: the overview, behaviour and rollout-entropy figures together."""
+    overview = rows(overview_by_version(lake, run_id, versions, success_threshold))
+    behaviour = {r["policy_version"]: r for r in rows(behaviour_by_version(lake, run_id, versions))}
+    entropy = {r["policy_version"]: r["entropy"] for r in rows(rollout_entropy(lake, run_id, versions))}
+    merged = []
+    for row in overview:
+        v = row["policy_version"]
+        merged.append(
+            {**row, **{k: x for k, x in behaviour.get(v, {}).items() if k != "n_trajectories"}}
+            | {"rollout_entropy": entropy.get(v)}
+        )
+    return merged
+
+
 def metrics_report(
     lake: Any, run_id: str, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
 ) -> dict[str, Any]:
     """The dashboard's headline figures per policy version, as one JSON-ready dict."""
-    overview = {
-        r["policy_version"]: r for r in rows(overview_by_version(lake, run_id, None, success_threshold))
-    }
-    behaviour = {r["policy_version"]: r for r in rows(behaviour_by_version(lake, run_id))}
-    entropy = {r["policy_version"]: r["entropy"] for r in rows(rollout_entropy(lake, run_id))}
-    versions = []
-    for v, row in overview.items():
-        merged = {**row, **{k: x for k, x in behaviour.get(v, {}).items() if k != "n_trajectories"}}
-        merged["rollout_entropy"] = entropy.get(v)
-        merged["pass_at_k"] = {
+    versions = figures_by_version(lake, run_id, None, success_threshold)
+    for row in versions:
+        v = row["policy_version"]
+        row["pass_at_k"] = {
             r["k"]: r["pass_at_k"] for r in rows(pass_at_k_curve(lake, run_id, (v, v), success_threshold))
         }
-        versions.append(merged)
     return {
         "run_id": run_id,
         "success_threshold": success_threshold,

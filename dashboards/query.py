@@ -37,12 +37,13 @@ def versions_clause(versions: VersionRange, column: str = "policy_version_min") 
     return f"{column} BETWEEN {low} AND {high}"
 
 
+SCORED = "finished AND reward IS NOT NULL AND coalesce(failure_origin, '') <> 'system'"
+"""A trajectory that counts toward reward and pass@k (see trajlake.dashboards.metrics)."""
+
+
 def scored(versions: VersionRange = None) -> str:
-    """The WHERE clause of scored trajectories of run `$run` (see trajlake.dashboards.metrics)."""
-    return (
-        "run_id = $run AND finished AND reward IS NOT NULL "
-        f"AND coalesce(failure_origin, '') <> 'system' AND {versions_clause(versions)}"
-    )
+    """The WHERE clause of scored trajectories of run `$run`."""
+    return f"run_id = $run AND {SCORED} AND {versions_clause(versions)}"
 
 
 def rows(table: pa.Table) -> list[dict[str, Any]]:

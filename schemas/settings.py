@@ -206,8 +206,11 @@ class SettingsParser(argparse.ArgumentParser):
 class _Registration:
     """One model registered on one parser: which of its fields are options there."""
 
-    def __init__(self, model: type[Settings], fields: list[str], key: str, required: Iterable[str]) -> None:
+    def __init__(
+        self, model: type[Settings], fields: list[str], key: str, required: Iterable[str], optional: bool
+    ) -> None:
         self.model, self.fields, self.key, self.required = model, fields, key, set(required)
+        self.optional = optional
 
     def where(self) -> dict[str, str]:
         out = {}
@@ -222,7 +225,15 @@ class _Registration:
 
     def resolve(self, ns: argparse.Namespace) -> None:
         given = {f: getattr(ns, f) for f in self.fields if hasattr(ns, f)}
-        settings = self.model.from_env(**given)
+        try:
+            settings = self.model.from_env(**given)
+        except ValidationError as err:
+            if not self.optional or any(e["type"] != "missing" for e in err.errors()):
+                raise
+            setattr(ns, self.key, None)  # left out as a whole: the command says what it needs instead
+            for f in self.fields:
+                setattr(ns, f, None)
+            return
         missing = [f for f in sorted(self.required) if f not in settings.model_fields_set]
         if missing:
             where = self.where()
@@ -239,20 +250,24 @@ def add_settings(
     *,
     key: str | None = None,
     required: Iterable[str] = (),
+    optional: bool = False,
     help: Mapping[str, str] | None = None,
 ) -> None:
     """Add `model`'s fields (all, or `fields`) as options of `parser`, resolved when it parses.
 
     The model lands in the namespace as `key` (default: the model's class name), each field as its
     own name. `required` fields must be given (option or env) although the model has a default;
-    `help` replaces a field's description in this command's help.
+    an `optional` model may be left out: when the only problem is required fields not given, `key`
+    and each field are None (the command then says what it needs). `help` replaces a field's
+    description in this command's help.
     """
     if not isinstance(parser, SettingsParser):
         raise TypeError("add_settings needs a SettingsParser (cli.build_parser makes them)")
     names = list(fields) if fields is not None else list(model.model_fields)
     for name in names:
-        _add_option(parser, model, name, (help or {}).get(name), name in set(required))
-    parser._settings.append(_Registration(model, names, key or model.__name__, required))
+        needed = name in set(required) or (model.model_fields[name].is_required() and not optional)
+        _add_option(parser, model, name, (help or {}).get(name), needed)
+    parser._settings.append(_Registration(model, names, key or model.__name__, required, optional))
 
 
 def _add_option(
@@ -263,12 +278,12 @@ def _add_option(
     option = option_name(model, name)
     kind, choices = _option_type(field.annotation)
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-    if required or field.is_required():
+    if required:
         default = "required"
-    elif field.default_factory is not None or field.default is None:
+    elif field.is_required() or field.default_factory is not None or field.default is None:
         default = ""
     elif isinstance(field.default, list | tuple):
-        default = "default " + ",".join(map(str, field.default))
+        default = "default " + ",".join(map(str, field.default)) if field.default else ""
     else:
         default = f"default {field.default}"
     description = (text or field.description or name).rstrip(".")

@@ -88,8 +88,12 @@ def line(
     x_type: str = "Q",
     rule: float | None = None,
     y_title: str | None = None,
+    domain: list[str] | None = None,
 ) -> None:
-    """A line chart of one or more measures (several `y` are folded into a `measure` colour)."""
+    """A line chart of one or more measures (several `y` are folded into a `measure` colour).
+
+    `domain` fixes the order of the `color` values, so each keeps its colour across charts.
+    """
     data = frame(table)
     chart = alt.Chart(data)
     color_enc: Any
@@ -98,7 +102,8 @@ def line(
         y_enc, color_enc = alt.Y("value:Q", title=y_title or ""), alt.Color("measure:N", title=None)
     else:
         y_enc = alt.Y(f"{y}:Q", title=y_title or y)
-        color_enc = alt.Color(f"{color}:N") if color else alt.value("#4c78a8")
+        scale = alt.Scale(domain=domain) if domain else alt.Undefined
+        color_enc = alt.Color(f"{color}:N", scale=scale) if color else alt.value("#4c78a8")
     layer = chart.mark_line(point=True).encode(
         x=alt.X(f"{x}:{x_type}", title=x, axis=alt.Axis(labelAngle=0)),
         y=y_enc,

@@ -16,6 +16,7 @@ from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
 from trajlake.store.lake import Lake
 
 RUN_ID = "dash-run"
+OTHER_RUN_ID = "dash-run-b"
 
 
 def build_lake(root: Path, trajectories: int = 192, trainer: bool = True, run_id: str = RUN_ID) -> Lake:
@@ -88,3 +89,11 @@ def dash_lake(tmp_path_factory) -> Lake:
 def bare_lake(tmp_path_factory) -> Lake:
     """A run without any trainer data: the trainer pages show their empty states."""
     return build_lake(tmp_path_factory.mktemp("bare") / "lake", trajectories=48, trainer=False)
+
+
+@pytest.fixture(scope="session")
+def two_runs_lake(tmp_path_factory) -> Lake:
+    """Two runs with trainer tables in one lake (`dash-run`, then the newer, smaller `dash-run-b`)."""
+    root = tmp_path_factory.mktemp("two") / "lake"
+    build_lake(root)
+    return build_lake(root, trajectories=96, run_id=OTHER_RUN_ID)

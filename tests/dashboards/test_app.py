@@ -9,14 +9,17 @@ from streamlit.testing.v1 import AppTest
 
 from trajlake.dashboards.app import PAGES
 from trajlake.dashboards.commands import APP
+from trajlake.dashboards.views.compare import BY_STEP, BY_VERSION
 
 RUN = "dash-run"
+OTHER = "dash-run-b"
 CHARTS_PER_PAGE = {
     "overview": 2,
     "entropy": 2,
     "behaviour": 5,
     "failures": 4,
     "async": 4,
+    "compare": 3,  # small multiples by policy version, pass@k, small multiples by trainer step
     "browser": 0,
     "sql": 0,
 }
@@ -221,3 +224,75 @@ def test_run_selector_lists_every_run_and_switches_between_them(tmp_path, monkey
     assert metric(at, "Trajectories") == "16"
     at.selectbox(key="run").set_value("older").run()
     assert metric(at, "Trajectories") == "8"
+
+
+SCORED = "t.finished and t.reward is not null and coalesce(t.failure_origin, '') <> 'system'"
+
+
+def test_compare_page_overlays_two_runs_with_figures_that_match_sql(two_runs_lake, monkeypatch):
+    at = render(two_runs_lake, monkeypatch, "compare", runs=f"{RUN},{OTHER}")
+    assert at.multiselect(key="compare_runs").value == [RUN, OTHER]
+    summary = at.dataframe[0].value.set_index("run_id")
+    per_run = two_runs_lake.sql(
+        f"""select run_id, count(*) as n, avg(reward) filter (where {SCORED}) as reward
+            from trajectories t where policy_version_min is not null group by run_id"""
+    ).to_pylist()
+    assert sorted(summary.index) == sorted(r["run_id"] for r in per_run) == [RUN, OTHER]
+    for row in per_run:
+        assert summary.loc[row["run_id"], "n_trajectories"] == row["n"]
+        assert summary.loc[row["run_id"], "reward_mean"] == pytest.approx(row["reward"])
+
+    by_version = at.dataframe[1].value.set_index(["run_id", "policy_version"])
+    tasks = two_runs_lake.sql(
+        f"""select run_id, policy_version_min as v, task_id, count(*) as n,
+                   count(*) filter (where reward >= 1) as c
+            from trajectories t where {SCORED} group by all"""
+    ).to_pylist()
+    for key in {(r["run_id"], r["v"]) for r in tasks}:
+        shares = [r["c"] / r["n"] for r in tasks if (r["run_id"], r["v"]) == key]
+        assert by_version.loc[key, "pass_at_1"] == pytest.approx(sum(shares) / len(shares))
+
+    by_step = at.dataframe[2].value.set_index(["run_id", "step"])
+    consumed = two_runs_lake.sql(
+        f"""select b.run_id, b.step, count(*) as n, avg(b.staleness) as staleness,
+                   avg(t.reward) filter (where {SCORED}) as reward, s.mismatch
+            from batch_consumption b join trajectories t on t.trajectory_id = b.trajectory_id
+            join (select run_id, step, avg(mismatch) as mismatch from trainer_steps group by all) s
+              on s.run_id = b.run_id and s.step = b.step
+            group by all"""
+    ).to_pylist()
+    assert len(by_step) == len(consumed) == 6  # three steps per run
+    for row in consumed:
+        shown = by_step.loc[(row["run_id"], row["step"])]
+        assert shown["n_consumed"] == row["n"]
+        assert shown["staleness_mean"] == pytest.approx(row["staleness"])
+        assert shown["reward_mean"] == pytest.approx(row["reward"])
+        assert shown["mismatch"] == pytest.approx(row["mismatch"])
+
+    specs = [json.loads(c.proto.spec) for c in charts(at)]
+    assert len(specs) == CHARTS_PER_PAGE["compare"]
+    # one line per run, each run in the same colour on every chart
+    encodings = [s.get("spec", s)["encoding"] for s in specs]
+    assert [e["color"]["scale"]["domain"] for e in encodings] == [[RUN, OTHER]] * 3
+    measures = [s["spec"]["transform"][0]["fold"] for s in specs if "facet" in s]
+    assert measures == [list(BY_VERSION.values()), list(BY_STEP.values())]
+
+
+def test_compare_page_keeps_the_chosen_runs_in_the_url(two_runs_lake, monkeypatch):
+    at = render(two_runs_lake, monkeypatch, "compare")
+    # by default: the sidebar's run (the newest) and the newest other one
+    assert at.multiselect(key="compare_runs").value == [OTHER, RUN]
+    assert at.query_params["runs"] == f"{OTHER},{RUN}"
+    at.multiselect(key="compare_runs").set_value([RUN]).run()
+    assert not at.exception
+    assert at.query_params["runs"] == RUN
+    assert list(at.dataframe[0].value["run_id"]) == [RUN]
+    at.multiselect(key="compare_runs").set_value([]).run()
+    assert "runs" not in at.query_params
+    assert any("Pick one or more runs" in i.value for i in at.info)
+
+
+def test_compare_page_leaves_out_unknown_runs_from_the_url_and_says_so(two_runs_lake, monkeypatch):
+    at = render(two_runs_lake, monkeypatch, "compare", runs=f"nope,{RUN}")
+    assert at.multiselect(key="compare_runs").value == [RUN]
+    assert "nope" in at.warning[0].value and OTHER in at.warning[0].value

@@ -99,3 +99,84 @@ def test_dashboard_port_and_host_read_their_env_vars(monkeypatch):
     monkeypatch.setenv("TRAJLAKE_HOST", "0.0.0.0")
     args = build_parser().parse_args(["dashboard"])
     assert (args.host, args.port) == ("0.0.0.0", 9123)  # resolved from the env when the command parses
+
+
+OTHER = "dash-run-b"
+SCORED = "t.finished and t.reward is not null and coalesce(t.failure_origin, '') <> 'system'"
+
+
+def test_metrics_runs_json_overlays_the_runs_like_sql(two_runs_lake, capsys):
+    assert (
+        main(["metrics", "--lake", two_runs_lake.root, "--runs", f"{RUN},{OTHER}", "--format", "json"]) == 0
+    )
+    printed = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in printed["summary"]] == [RUN, OTHER]
+    versions = two_runs_lake.sql(
+        f"""select run_id, policy_version_min as policy_version, count(*) as n_trajectories,
+                   avg(reward) filter (where {SCORED}) as reward_mean,
+                   avg(n_turns) filter (where t.finished) as turns_per_trajectory,
+                   avg(coalesce(failure_origin = 'system', false)::int) as system_failure_rate
+            from trajectories t where policy_version_min is not null group by all"""
+    ).to_pylist()
+    versions.sort(key=lambda r: ([RUN, OTHER].index(r["run_id"]), r["policy_version"]))
+    assert [(r["run_id"], r["policy_version"]) for r in printed["by_version"]] == [
+        (r["run_id"], r["policy_version"]) for r in versions
+    ]
+    for shown, row in zip(printed["by_version"], versions, strict=True):
+        for column in ("n_trajectories", "reward_mean", "turns_per_trajectory", "system_failure_rate"):
+            assert shown[column] == pytest.approx(row[column]), (row["run_id"], row["policy_version"], column)
+    steps = two_runs_lake.sql(
+        """select b.run_id, b.step, avg(b.staleness) as staleness_mean, max(s.entropy) as entropy
+           from batch_consumption b
+           join (select run_id, step, avg(entropy) as entropy from trainer_steps group by all) s using (run_id, step)
+           group by all"""
+    ).to_pylist()
+    steps.sort(key=lambda r: ([RUN, OTHER].index(r["run_id"]), r["step"]))
+    assert [(r["run_id"], r["step"]) for r in printed["by_step"]] == [(r["run_id"], r["step"]) for r in steps]
+    for shown, row in zip(printed["by_step"], steps, strict=True):
+        assert shown["staleness_mean"] == pytest.approx(row["staleness_mean"])
+        assert shown["entropy"] == pytest.approx(row["entropy"])
+    curve = {r["k"]: r["pass_at_k"] for r in printed["pass_at_k"] if r["run_id"] == RUN}
+    assert curve == pytest.approx(
+        {r["k"]: r["pass_at_k"] for r in metrics.pass_at_k_curve(two_runs_lake, RUN).to_pylist()}
+    )
+
+
+def test_metrics_runs_table_prints_a_line_per_run_and_version_then_one_per_run(two_runs_lake, capsys):
+    assert main(["metrics", "--lake", two_runs_lake.root, "--runs", f"{OTHER},{RUN}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(" | ")[:2] == ["run_id    ", "policy_version"]
+    assert [line.split()[0] for line in lines[2:10]] == [OTHER] * 4 + [RUN] * 4
+    assert lines[-2].startswith(f"run {OTHER}: pass@1=") and lines[-1].startswith(f"run {RUN}: pass@1=")
+
+
+def test_metrics_runs_csv_by_step_has_a_row_per_run_and_step(two_runs_lake, capsys, monkeypatch):
+    monkeypatch.setenv("TRAJLAKE_RUNS", f"{RUN}, {OTHER}")  # the env var, spaces and all
+    assert main(["metrics", "--lake", two_runs_lake.root, "--by", "step", "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["run_id"], r["step"]) for r in rows] == [
+        (run, str(s)) for run in (RUN, OTHER) for s in range(3)
+    ]
+    # step 0: the mean of ranks at 0.010 and 0.012; step 2: of 0.040 and 0.042
+    assert {r["mismatch"] for r in rows} >= {"0.011", "0.041"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--run", RUN, "--runs", f"{RUN},{OTHER}"], "pass --run or --runs, not both"),
+        ([], "say which runs: --run RUN for one run's figures, or --runs A,B,... to compare runs"),
+        (["--runs", f"{RUN},nope,nada"], "runs 'nope', 'nada' are not in"),
+        (["--runs", "nope"], "run 'nope' is not in"),
+        (["--run", RUN, "--by", "step"], f"pass --runs {RUN} --by step"),
+    ],
+    ids=["both", "neither", "unknown-runs", "unknown-run", "by-step-of-one-run"],
+)
+def test_metrics_says_how_to_choose_runs(two_runs_lake, capsys, monkeypatch, args, message):
+    monkeypatch.delenv("TRAJLAKE_RUN", raising=False)
+    monkeypatch.delenv("TRAJLAKE_RUNS", raising=False)
+    assert main(["metrics", "--lake", two_runs_lake.root, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trajlake metrics: error: ") and message in err
+    if "not both" not in message and "--by" not in message:
+        assert f"runs there: {OTHER}, {RUN}" in err

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.dashboards.conftest import append_trajectories, build_lake, trajectories_in
+from tests.dashboards.conftest import OTHER_RUN_ID, RUN_ID, append_trajectories, build_lake, trajectories_in
 from trajlake.dashboards.app import PAGES
 
 pytestmark = pytest.mark.integration
@@ -33,10 +33,13 @@ CHARTS_PER_PAGE = {
     "behaviour": 5,
     "failures": 4,
     "async": 4,
+    "compare": 3,
     "browser": 0,
     "sql": 0,
 }
 READY_S = 120  # a cold Streamlit start on a busy 2-core machine
+URL_QUERY = {"compare": f"&runs={RUN_ID},{OTHER_RUN_ID}"}
+"""What a page's URL carries besides `?page=`."""
 
 
 @pytest.fixture(scope="session")
@@ -98,8 +101,9 @@ def serve(root: str, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def dashboard(dash_lake, tmp_path) -> Iterator[str]:
-    with serve(dash_lake.root, tmp_path) as url:
+def dashboard(two_runs_lake, tmp_path) -> Iterator[str]:
+    """The app over a lake of two runs, so that the comparison has something to compare."""
+    with serve(two_runs_lake.root, tmp_path) as url:
         yield url
 
 
@@ -136,7 +140,7 @@ def test_every_page_opens_in_chromium_with_its_charts(dashboard, browser, artifa
     from selenium.webdriver.support.ui import WebDriverWait
 
     for page, (title, _) in PAGES.items():
-        browser.get(f"{dashboard}/?page={page}")
+        browser.get(f"{dashboard}/?page={page}{URL_QUERY.get(page, '')}")
         wait = WebDriverWait(browser, READY_S)
         wait.until(lambda d, t=title: any(h.text == t for h in d.find_elements(By.CSS_SELECTOR, "h2")))
         want = CHARTS_PER_PAGE[page]
@@ -151,8 +155,10 @@ def test_every_page_opens_in_chromium_with_its_charts(dashboard, browser, artifa
         assert not exceptions, f"page {page}: {[e.text for e in exceptions]}"
         browser.save_screenshot(str(artifacts / f"{page}.png"))
         assert (artifacts / f"{page}.png").stat().st_size > 10_000
-    # the last page, the SQL console, ran its default query
-    assert browser.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')
+        if page == "compare":  # both runs picked, and still in the URL
+            tags = browser.find_element(By.CSS_SELECTOR, '[data-testid="stMultiSelectTagsContainer"]')
+            assert tags.text.split("\n") == [RUN_ID, OTHER_RUN_ID]
+            assert f"runs={RUN_ID}%2C{OTHER_RUN_ID}" in browser.current_url
 
 
 def test_trajectory_browser_shades_tokens_in_chromium(dashboard, browser, artifacts):
