@@ -25,6 +25,7 @@ from trajlake.dashboards.views import (
     browser,
     entropy,
     failures,
+    latency,
     overview,
     sql_console,
 )
@@ -36,6 +37,7 @@ PAGES = {
     "behaviour": ("Behaviour", behaviour.render),
     "failures": ("Failures", failures.render),
     "async": ("Async health", async_health.render),
+    "latency": ("Latency & lengths", latency.render),
     "browser": ("Trajectory browser", browser.render),
     "sql": ("SQL console", sql_console.render),
 }

@@ -17,6 +17,7 @@ CHARTS_PER_PAGE = {
     "behaviour": 5,
     "failures": 4,
     "async": 4,
+    "latency": 5,
     "browser": 0,
     "sql": 0,
 }
