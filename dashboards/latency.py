@@ -28,6 +28,7 @@ class Measure:
     table: str
     column: str
     title: str
+    unit: str
     whole: bool  # counts (bins of whole numbers), or seconds
 
     def source(self, versions: VersionRange) -> str:
@@ -42,10 +43,10 @@ class Measure:
 
 
 MEASURES = {
-    "latency_s": Measure(TURNS, "latency_s", "Generation latency per request (s)", whole=False),
-    "output_tokens": Measure(TURNS, "n_output_tokens", "Output tokens per turn", whole=True),
-    "tokens": Measure(TRAJECTORIES, "total_tokens", "Tokens per trajectory", whole=True),
-    "turns": Measure(TRAJECTORIES, "n_turns", "Turns per trajectory", whole=True),
+    "latency_s": Measure(TURNS, "latency_s", "Generation latency per request (s)", "seconds", whole=False),
+    "output_tokens": Measure(TURNS, "n_output_tokens", "Output tokens per turn", "tokens", whole=True),
+    "tokens": Measure(TRAJECTORIES, "total_tokens", "Tokens per trajectory", "tokens", whole=True),
+    "turns": Measure(TRAJECTORIES, "n_turns", "Turns per trajectory", "turns", whole=True),
 }
 """What the page and `trajlake metrics` show, by name (the `measure` column of the figures)."""
 

@@ -62,7 +62,7 @@ def render(ctx: PageContext) -> None:
                 ["p50", "p90", "p99"],
                 f"{measure.title}: p50 / p90 / p99",
                 x_type="O",
-                y_title="seconds" if name == "latency_s" else measure.column,
+                y_title=measure.unit,
             )
     render_distribution(ctx, [name for name in MEASURES if by_measure[name].num_rows])
     render_slowest(ctx, n_timed)
