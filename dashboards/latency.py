@@ -31,15 +31,23 @@ class Measure:
     unit: str
     whole: bool  # counts (bins of whole numbers), or seconds
 
+    @property
+    def version(self) -> str:
+        """The policy version a value belongs to: the turn's own, or the trajectory's first."""
+        return "policy_version" if self.table == TURNS else "policy_version_min"
+
+    def scope(self, versions: VersionRange) -> str:
+        """The WHERE clause of the rows of run `$run` this measure reads."""
+        finished = "TRUE" if self.table == TURNS else "finished"
+        return (
+            f"run_id = $run AND {finished} AND {self.version} IS NOT NULL "
+            f"AND {versions_clause(versions, self.version)}"
+        )
+
     def source(self, versions: VersionRange) -> str:
         """`SELECT policy_version, value` of the run `$run` (rows without a value left out)."""
-        if self.table == TURNS:
-            version, where = "policy_version", "TRUE"
-        else:
-            version, where = "policy_version_min", "finished"
-        return f"""SELECT {version} AS policy_version, {self.column}::DOUBLE AS value FROM {self.table}
-                   WHERE run_id = $run AND {where} AND {self.column} IS NOT NULL AND {version} IS NOT NULL
-                     AND {versions_clause(versions, version)}"""
+        return f"""SELECT {self.version} AS policy_version, {self.column}::DOUBLE AS value FROM {self.table}
+                   WHERE {self.scope(versions)} AND {self.column} IS NOT NULL"""
 
 
 MEASURES = {
@@ -60,17 +68,34 @@ def _measure(name: str) -> Measure:
 def length_percentiles(lake: Any, run_id: str, versions: VersionRange = None) -> pa.Table:
     """Per measure and policy version: n values, mean, p50, p90, p99 and max.
 
-    A measure with no value in a version (e.g. no latency recorded) has no row for it.
+    A measure with no value in a version (e.g. no latency recorded) has no row for it. Each
+    table is read once, and each measure's percentiles come from one sort (the list form of
+    `quantile_cont`): a few times faster than one quantile at a time on millions of turns.
     """
-    quantiles = ", ".join(f"quantile_cont(value, {q}) AS p{round(q * 100)}" for q in PERCENTILES)
-    parts = [
-        f"""SELECT '{name}' AS measure, policy_version, count(*) AS n, avg(value) AS mean, {quantiles},
-                   max(value) AS max FROM ({m.source(versions)}) GROUP BY policy_version"""
-        for name, m in MEASURES.items()
-    ]
+    ctes, parts = [], []
+    for table in (TURNS, TRAJECTORIES):
+        names = [n for n, m in MEASURES.items() if m.table == table]
+        first = MEASURES[names[0]]
+        aggregates = ", ".join(
+            f"count({c}) AS n_{n}, avg({c}) AS mean_{n}, quantile_cont({c}::DOUBLE, {list(PERCENTILES)}) AS q_{n}, "
+            f"max({c})::DOUBLE AS max_{n}"
+            for n, c in ((n, MEASURES[n].column) for n in names)
+        )
+        ctes.append(
+            f"""{table}_by_version AS MATERIALIZED (SELECT {first.version} AS policy_version, {aggregates}
+                FROM {table} WHERE {first.scope(versions)} GROUP BY 1)"""
+        )
+        for n in names:
+            quantiles = ", ".join(f"q_{n}[{i + 1}] AS p{round(q * 100)}" for i, q in enumerate(PERCENTILES))
+            parts.append(
+                f"""SELECT '{n}' AS measure, policy_version, n_{n} AS n, mean_{n} AS mean, {quantiles},
+                           max_{n} AS max FROM {table}_by_version WHERE n_{n} > 0"""
+            )
     order = "CASE measure " + " ".join(f"WHEN '{n}' THEN {i}" for i, n in enumerate(MEASURES)) + " END"
     return query(
-        lake, f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY {order}, policy_version", run=run_id
+        lake,
+        f"WITH {', '.join(ctes)} SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY {order}, policy_version",
+        run=run_id,
     )
 
 
