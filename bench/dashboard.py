@@ -85,6 +85,11 @@ PAGE_QUERIES: dict[str, tuple[list[str], list[Query]]] = {
         lambda lake, s: c.by_step(lake, RUNS, 1.0),
         lambda lake, s: c.pass_at_k_curves(lake, RUNS, 1.0),
     ]),
+    "latency": (["turns", "trajectories"], [
+        lambda lake, s: m.length_percentiles(lake, RUN, None),
+        lambda lake, s: m.length_histogram(lake, RUN, "latency_s", None),
+        lambda lake, s: m.slowest_trajectories(lake, RUN, None),
+    ]),
     "browser": (["trajectories", "turns", "tool_calls", "events"], [
         lambda lake, s: s.update(found=m.find_trajectories(lake, RUN, None, (), (), "", None)),
         lambda lake, s: m.trajectory_summary(lake, RUN, s["found"].column("trajectory_id")[0].as_py()),

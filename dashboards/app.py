@@ -26,6 +26,7 @@ from trajlake.dashboards.views import (
     compare,
     entropy,
     failures,
+    latency,
     overview,
     sql_console,
 )
@@ -38,6 +39,7 @@ PAGES = {
     "failures": ("Failures", failures.render),
     "async": ("Async health", async_health.render),
     "compare": ("Compare runs", compare.render),
+    "latency": ("Latency & lengths", latency.render),
     "browser": ("Trajectory browser", browser.render),
     "sql": ("SQL console", sql_console.render),
 }

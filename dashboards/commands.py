@@ -29,6 +29,8 @@ TABLE_COLUMNS = (
     "code_exec_ratio",
     "context_exhaustion_ratio",
     "nudge_rate",
+    "latency_s_p50",
+    "latency_s_p99",
     "n_system_failures",
     "n_model_failures",
 )

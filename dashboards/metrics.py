@@ -25,6 +25,12 @@ from trajlake.dashboards.browse import (
     trajectory_turns,
 )
 from trajlake.dashboards.config import DEFAULT_SUCCESS_THRESHOLD
+from trajlake.dashboards.latency import (
+    PERCENTILES,
+    length_histogram,
+    length_percentiles,
+    slowest_trajectories,
+)
 from trajlake.dashboards.passk import MAX_K, mean_pass_at_k, pass_at_k
 from trajlake.dashboards.query import (
     EVENTS,
@@ -47,9 +53,12 @@ __all__ = [
     "MAX_K",
     "MISMATCH_THRESHOLD",
     "find_trajectories",
+    "length_histogram",
+    "length_percentiles",
     "pass_at_k",
     "query",
     "rows",
+    "slowest_trajectories",
     "trajectory_summary",
     "trajectory_tool_calls",
     "trajectory_turns",
@@ -442,8 +451,14 @@ def metrics_report(
 ) -> dict[str, Any]:
     """The dashboard's headline figures per policy version, as one JSON-ready dict."""
     versions = figures_by_version(lake, run_id, None, success_threshold)
+    lengths: dict[int, dict[str, float]] = {}
+    for r in rows(length_percentiles(lake, run_id)):
+        for q in PERCENTILES:
+            p = f"p{round(q * 100)}"
+            lengths.setdefault(r["policy_version"], {})[f"{r['measure']}_{p}"] = r[p]
     for row in versions:
         v = row["policy_version"]
+        row |= lengths.get(v, {})  # e.g. latency_s_p99, tokens_p50: absent where nothing was recorded
         row["pass_at_k"] = {
             r["k"]: r["pass_at_k"] for r in rows(pass_at_k_curve(lake, run_id, (v, v), success_threshold))
         }
@@ -457,4 +472,5 @@ def metrics_report(
         "trainer_entropy": rows(trainer_entropy(lake, run_id)),
         "logprob_mismatch": rows(logprob_mismatch(lake, run_id)),
         "staleness": rows(staleness_distribution(lake, run_id)),
+        "slowest_trajectories": rows(slowest_trajectories(lake, run_id, limit=10)),
     }

@@ -83,7 +83,14 @@ def render(ctx: PageContext) -> None:
         return
     st.dataframe(frame(found), hide_index=True, key="browser_list")
     ids = found.column("trajectory_id").to_pylist()
-    chosen = st.selectbox("Open trajectory", ids, key="browser_open")
+    wanted = st.query_params.get("trajectory")  # a link (e.g. from the latency page) opens that one
+    if wanted and wanted not in ids:
+        ids.insert(0, wanted)
+    chosen = st.selectbox(
+        "Open trajectory", ids, index=ids.index(wanted) if wanted else 0, key="browser_open"
+    )
+    if wanted and chosen != wanted:  # another one picked: the link has been followed
+        del st.query_params["trajectory"]
     if chosen:
         render_trajectory(ctx, chosen)
 

@@ -143,7 +143,9 @@ class ChatEpisode(Episode):
         version = (
             done.policy_version if done.policy_version is not None else self.chat_policy.fallback_version
         )
-        self._record_turn(done.output_token_ids, done.output_logprobs, version, done.finish_reason, nudged)
+        self._record_turn(
+            done.output_token_ids, done.output_logprobs, version, done.finish_reason, nudged, done.latency_s
+        )  # the request's latency as the TITO client measured it (retries included)
         turn = self.session.add_output(done.output_token_ids)
         if not turn.tool_calls:
             self.session.add_messages([{"role": "user", "content": NO_ACTION_PROMPT}])

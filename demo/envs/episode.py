@@ -10,6 +10,7 @@ a label of the platform's failure taxonomy.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -143,13 +144,22 @@ class Episode:
 
     def _turn(self, max_new_tokens: int, nudged: bool) -> str | None:
         """Sample and record one model turn; return its action: a tool name, ANSWER, or None."""
+        started = time.perf_counter()
         ids, logprobs, version = self.policy.sample(self.context, max_new_tokens, vocab.STOP_IDS)
-        self._record_turn(ids, logprobs, version, "stop" if ids[-1] in vocab.STOP_IDS else "length", nudged)
+        latency_s = time.perf_counter() - started
+        finish = "stop" if ids[-1] in vocab.STOP_IDS else "length"
+        self._record_turn(ids, logprobs, version, finish, nudged, latency_s)
         self.context.extend(ids)
         return ANSWER if ids[-1] == vocab.ANSWER else vocab.TOOL_OF_CALL.get(ids[-1])
 
     def _record_turn(
-        self, ids: list[int], logprobs: list[float], version: int, finish_reason: str | None, nudged: bool
+        self,
+        ids: list[int],
+        logprobs: list[float],
+        version: int,
+        finish_reason: str | None,
+        nudged: bool,
+        latency_s: float,
     ) -> None:
         self.traj.turn(
             ids,
@@ -159,6 +169,7 @@ class Episode:
             finish_reason=finish_reason,
             context_used_fraction=(self.context_len + len(ids)) / self.config.context_budget_tokens,
             nudged=nudged,
+            latency_s=latency_s,
         )
         record = self.result
         record.token_ids += [*self.appended, *ids]

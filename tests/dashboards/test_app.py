@@ -20,6 +20,7 @@ CHARTS_PER_PAGE = {
     "failures": 4,
     "async": 4,
     "compare": 3,  # small multiples by policy version, pass@k, small multiples by trainer step
+    "latency": 5,
     "browser": 0,
     "sql": 0,
 }

@@ -34,6 +34,7 @@ CHARTS_PER_PAGE = {
     "failures": 4,
     "async": 4,
     "compare": 3,
+    "latency": 5,
     "browser": 0,
     "sql": 0,
 }
@@ -171,6 +172,23 @@ def test_trajectory_browser_shades_tokens_in_chromium(dashboard, browser, artifa
     shaded = [s.get_attribute("style") for s in browser.find_elements(By.CSS_SELECTOR, "span.tok")]
     assert any("rgba(214, 39, 40" in s for s in shaded)  # sampled tokens, shaded by logprob
     browser.save_screenshot(str(artifacts / "browser-tokens.png"))
+
+
+def test_the_latency_pages_link_opens_the_slowest_trajectory_in_the_browser(dash_lake, dashboard, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from trajlake.dashboards.metrics import slowest_trajectories
+    from trajlake.dashboards.views.latency import browser_link
+
+    slowest = slowest_trajectories(dash_lake, "dash-run", limit=1).column("trajectory_id")[0].as_py()
+    browser.get(f"{dashboard}/{browser_link('dash-run', slowest)}")
+    wait = WebDriverWait(browser, READY_S)
+    wait.until(
+        lambda d: any(h.text == f"Trajectory {slowest}" for h in d.find_elements(By.CSS_SELECTOR, "h3"))
+    )
+    assert f"trajectory={slowest}" in browser.current_url
+    assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
 
 
 def test_live_view_shows_new_trajectories_without_a_click(browser, tmp_path, artifacts):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -101,6 +102,34 @@ def test_a_turn_records_the_version_that_sampled_it(lake, bus, drain):
     drain()
     row = stored(lake, result.trajectory_id)
     assert (row["policy_version_min"], row["policy_version_max"]) == (3, 4)
+
+
+class TimedPolicy(ScriptedPolicy):
+    """A scripted policy that notes how long each of its own `sample` calls took."""
+
+    def __init__(self, turns: list[list[str]]) -> None:
+        super().__init__(turns)
+        self.took: list[float] = []
+
+    def sample(self, context, max_new_tokens, stop_ids):
+        started = time.perf_counter()
+        out = super().sample(context, max_new_tokens, stop_ids)
+        self.took.append(time.perf_counter() - started)
+        return out
+
+
+def test_every_turn_records_how_long_the_policy_took_to_sample_it(lake, bus, drain):
+    policy = TimedPolicy([["<call:calc>"], ["<answer>"]])
+    result = play(bus, task_of("calc", ("2", "*", "3")), policy)
+    drain()
+    stored = lake.sql(
+        "select latency_s from turns where trajectory_id = $t order by turn_index",
+        {"t": result.trajectory_id},
+    )
+    latencies = stored.column(0).to_pylist()
+    assert len(latencies) == len(policy.took) == 2
+    for latency, took in zip(latencies, policy.took, strict=True):
+        assert took * (1 - 1e-6) <= latency < took + 1.0  # the call, timed from outside (float32 in the lake)
 
 
 @pytest.mark.parametrize(

@@ -4,11 +4,16 @@ and the naive re-templating harness drifts and is flagged."""
 from __future__ import annotations
 
 import json
+import random
+from typing import Any
 
 import pytest
 
 from trajlake.cli import main
 from trajlake.demo.envs.chat_episode import TOOLS, ChatPolicy
+from trajlake.demo.envs.config import EnvConfig, FaultConfig
+from trajlake.demo.envs.episode import run_episode
+from trajlake.demo.envs.tasks import make_tasks
 from trajlake.ingest.recorder import Recorder
 from trajlake.rollout.engine.chat import ChatSession, naive_prompt_ids, parse_tool_calls
 from trajlake.rollout.engine.chatml import tool_call_text
@@ -120,3 +125,32 @@ def test_the_demo_chat_policy_samples_only_action_tokens(vllm_server):
         assert len(done.output_token_ids) == 1 and done.output_token_ids[0] in policy.action_ids
         assert done.output_logprobs[0] < 0  # the model's own (unmasked) logprob of that token
     policy.client.close()
+
+
+class TimedChatPolicy(ChatPolicy):
+    """The demo's chat policy, keeping the latency the TITO client measured for each request."""
+
+    def sample(self, prompt_ids: list[int], max_new_tokens: int) -> Any:
+        done = super().sample(prompt_ids, max_new_tokens)
+        self.latencies.append(done.latency_s)
+        return done
+
+
+def test_a_demo_chat_episode_records_each_requests_latency(vllm_server, tiny_tokenizer, bus, drain, lake):
+    policy = TimedChatPolicy.from_model_dir(
+        TitoClient(vllm_server.tito_config("generate")), vllm_server.model_dir
+    )
+    policy.latencies = []
+    recorder = Recorder(bus, "chat-latency", vocab_size=len(tiny_tokenizer), flush_each_turn=False)
+    env = EnvConfig(context_budget_tokens=112, faults=FaultConfig.none())
+    result = run_episode(
+        recorder, make_tasks(1, seed=3, config=env)[0], policy, env, random.Random(0), model="tiny"
+    )
+    policy.client.close()
+    drain()
+    stored = lake.sql(
+        "select latency_s from turns where trajectory_id = $t order by turn_index",
+        {"t": result.trajectory_id},
+    )
+    assert policy.latencies and all(s > 0 for s in policy.latencies)
+    assert stored.column(0).to_pylist() == pytest.approx(policy.latencies, rel=1e-6)  # float32 in the lake
