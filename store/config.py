@@ -47,6 +47,17 @@ class CatalogSettings(Settings):
     )
 
 
+class DecodeSettings(Settings):
+    """`trajlake sql`: the tokenizer of `detokenize(token_ids, model)`."""
+
+    tokenizer: str | None = Field(
+        None,
+        description="local model or tokenizer directory for detokenize(), used whatever model a row "
+        "names (default: the model each run recorded)",
+        json_schema_extra=cli(metavar="DIR"),
+    )
+
+
 class ExportSettings(Settings):
     """`trajlake export`: which trajectories, in which format, where (env TRAJLAKE_EXPORT_<FIELD>)."""
 

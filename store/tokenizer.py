@@ -170,7 +170,12 @@ def load_decoder(path: str) -> Decoder:
     Never downloads. Raises `TokenizerNotFound` (its message says why) when none loads."""
     if not path:
         raise TokenizerNotFound("no model recorded")
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        raise TokenizerNotFound(
+            "decoding tokens needs transformers; pip install 'trajlake[tokenizers]'"
+        ) from None
 
     if Path(path).is_file():
         try:
