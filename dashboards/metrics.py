@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from trajlake.dashboards.browse import (
     find_trajectories,
+    trajectory_advantage,
     trajectory_summary,
     trajectory_tool_calls,
     trajectory_turns,
@@ -49,6 +50,7 @@ __all__ = [
     "pass_at_k",
     "query",
     "rows",
+    "trajectory_advantage",
     "trajectory_summary",
     "trajectory_tool_calls",
     "trajectory_turns",

@@ -10,7 +10,7 @@ from typing import Any
 
 from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import FormatSettings, LakeSettings, add_settings
-from trajlake.store.config import CompactSettings, DecodeSettings, ExportSettings
+from trajlake.store.config import CompactSettings, ExportSettings, TokenizerSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_settings(p, LakeSettings)
     add_settings(p, FormatSettings)
-    add_settings(p, DecodeSettings)
+    add_settings(p, TokenizerSettings)
     p.add_argument(
         "query", help='one SELECT statement, e.g. "select status, count(*) from trajectories group by 1"'
     )

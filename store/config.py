@@ -47,13 +47,13 @@ class CatalogSettings(Settings):
     )
 
 
-class DecodeSettings(Settings):
-    """`trajlake sql`: the tokenizer of `detokenize(token_ids, model)`."""
+class TokenizerSettings(Settings):
+    """Which tokenizer turns token ids into text (`trajlake sql`'s detokenize(), the dashboard's browser)."""
 
     tokenizer: str | None = Field(
         None,
-        description="local model or tokenizer directory for detokenize(), used whatever model a row "
-        "names (default: the model each run recorded)",
+        description="local model or tokenizer directory (or tokenizer.json) that decodes token ids, "
+        "whatever model a run recorded (default: each run's recorded model)",
         json_schema_extra=cli(metavar="DIR"),
     )
 

@@ -178,7 +178,8 @@ class QueryEngine:
         for name in self.tables:
             body = VIEWS.get(name, f"select * from _t_{name}")
             self.con.execute(f"create or replace view {name} as {body}")
-        self.con.create_function(
+        # null_handling as a string: its enum moved (duckdb.functional → duckdb.func) across versions
+        self.con.create_function(  # type: ignore[call-overload]
             "detokenize", self.detokenize, ["BIGINT[]", "VARCHAR"], "VARCHAR", null_handling="special"
         )
         if lake.is_local:

@@ -99,3 +99,11 @@ def test_dashboard_port_and_host_read_their_env_vars(monkeypatch):
     monkeypatch.setenv("TRAJLAKE_HOST", "0.0.0.0")
     args = build_parser().parse_args(["dashboard"])
     assert (args.host, args.port) == ("0.0.0.0", 9123)  # resolved from the env when the command parses
+
+
+def test_dashboard_refuses_a_tokenizer_that_does_not_load_before_serving(bare_lake, tmp_path, capsys):
+    missing = tmp_path / "no-model"
+    assert main(["dashboard", "--lake", bare_lake.root, "--tokenizer", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer {missing} does not load" in err and "drop --tokenizer" in err
+    assert "serving" not in err  # refused before starting Streamlit
