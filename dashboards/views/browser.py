@@ -142,7 +142,8 @@ def render_trajectory(ctx: PageContext, trajectory_id: str) -> None:
     for turn, adv in zip(turns, turn_advantages(ctx, trajectory_id, turns), strict=True):
         label = (
             f"Turn {turn['turn_index']} · v{turn['policy_version']} · {turn['n_input_tokens']} in / "
-            f"{turn['n_output_tokens']} out · {turn['finish_reason'] or ''}"
+            f"{turn['n_output_tokens']} out"
+            + (f" · {turn['finish_reason']}" if turn["finish_reason"] else "")
             + (" · nudged" if turn["nudged"] else "")
             + (" · TITO drift" if turn["tito_drift"] else "")
             + (f" · advantage {adv:.3f}" if adv is not None else "")

@@ -155,3 +155,19 @@ def test_a_run_whose_model_is_gone_says_how_to_decode_it(
     assert not at.warning
     turn = turns_of(text_lake, "lost")[0]
     assert text_of(turn_bodies(at)[0]) == tokenizer.decode(turn["input_token_ids"] + turn["output_token_ids"])
+
+
+def test_the_sql_console_decodes_with_detokenize(text_lake, tokenizer, monkeypatch) -> None:
+    monkeypatch.setenv("TRAJLAKE_LAKE", text_lake.root)
+    monkeypatch.delenv("TRAJLAKE_TOKENIZER", raising=False)
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.query_params.update(page="sql", run="chat")
+    at.run()
+    at.text_area(key="sql_query").set_value(
+        "select detokenize(output_token_ids, model) as text from turns join trajectories "
+        "using (run_id, trajectory_id) where run_id = 'chat' order by seq"
+    )
+    at.button(key="sql_run").click().run()
+    assert not at.error
+    outputs = [tokenizer.decode(t["output_token_ids"]) for t in turns_of(text_lake, "chat")]
+    assert list(at.dataframe[0].value["text"]) == outputs
