@@ -16,6 +16,11 @@ from trajlake.dashboards.query import (
     query,
     versions_clause,
 )
+from trajlake.schemas.events import EVENT_FIELDS
+
+PER_TOKEN_FIELDS = {"trainer_logprob": "trainer_logprobs", "entropy": "output_entropy"}
+"""Per-token figures a producer may record on a turn beside the sampled logprobs (overlay →
+event field); the browser reads those the event model declares and says the rest are not recorded."""
 
 BROWSER_COLUMNS = (
     "trajectory_id, task_id, sample_index, environment, policy_version_min, policy_version_max, reward, "
@@ -73,19 +78,40 @@ def trajectory_summary(lake: Any, run_id: str, trajectory_id: str) -> dict[str, 
     return table.to_pylist()[0] if table.num_rows else None
 
 
+def recorded_token_fields() -> dict[str, str]:
+    """The per-token overlays the event model has a field for (overlay → field)."""
+    return {overlay: name for overlay, name in PER_TOKEN_FIELDS.items() if name in EVENT_FIELDS}
+
+
 def trajectory_turns(lake: Any, run_id: str, trajectory_id: str) -> pa.Table:
-    """The turns of one trajectory in order, with their token ids, logprobs and loss masks."""
+    """The turns of one trajectory in order, with their token ids, logprobs, loss masks, advantage
+    and any per-token figure recorded (`recorded_token_fields`)."""
+    extra = "".join(f", e.{name} AS {overlay}" for overlay, name in recorded_token_fields().items())
     return query(
         lake,
         f"""SELECT t.turn_index, t.policy_version, t.n_input_tokens, t.n_output_tokens, t.finish_reason,
-                   t.context_used_fraction, t.nudged, t.tito_drift, t.latency_s, t.sum_logprob,
-                   e.input_token_ids, e.output_token_ids, e.output_logprobs, e.loss_mask
+                   t.context_used_fraction, t.nudged, t.tito_drift, t.latency_s, t.sum_logprob, t.advantage,
+                   e.input_token_ids, e.output_token_ids, e.output_logprobs, e.loss_mask{extra}
             FROM {TURNS} t JOIN {EVENTS} e ON e.event_id = t.event_id
                  AND e.trajectory_id = $traj AND e.event_type = 'turn'
             WHERE t.run_id = $run AND t.trajectory_id = $traj ORDER BY t.seq""",
         run=run_id,
         traj=trajectory_id,
     )
+
+
+def trajectory_advantage(lake: Any, run_id: str, trajectory_id: str) -> dict[str, Any] | None:
+    """The advantage the trainer gave the trajectory at the last step that consumed it with one
+    (`{"step", "advantage"}`), or None when no trainer recorded one."""
+    table = query(
+        lake,
+        """SELECT step, advantage FROM batch_consumption
+            WHERE run_id = $run AND trajectory_id = $traj AND advantage IS NOT NULL
+            ORDER BY step DESC LIMIT 1""",
+        run=run_id,
+        traj=trajectory_id,
+    )
+    return table.to_pylist()[0] if table.num_rows else None
 
 
 def trajectory_tool_calls(lake: Any, run_id: str, trajectory_id: str) -> pa.Table:

@@ -82,13 +82,16 @@ def streamlit_command(args: argparse.Namespace) -> list[str]:
 
 def run_dashboard(args: argparse.Namespace) -> int:
     _check_lake(args.lake)
-    if args.tokenizer and not Path(args.tokenizer).is_file():
-        raise CliError(
-            f"tokenizer file {args.tokenizer} not found; pass the path of a tokenizer.json or drop --tokenizer"
-        )
     app: AppSettings = args.AppSettings
     if app.tokenizer:
-        app = app.model_copy(update={"tokenizer": str(Path(app.tokenizer).resolve())})
+        from trajlake.store.tokenizer import TokenizerNotFound, find_decoder
+
+        try:
+            find_decoder(None, app.tokenizer)
+        except TokenizerNotFound as err:
+            raise CliError(f"{err}, or drop --tokenizer to use each run's recorded model") from None
+        if Path(app.tokenizer).exists():  # the app runs elsewhere: a relative path would not resolve
+            app = app.model_copy(update={"tokenizer": str(Path(app.tokenizer).resolve())})
     # the app reads its settings (AppSettings) from the environment the child inherits
     env = dict(os.environ)
     for name, value in app.model_dump().items():

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
 from trajlake.schemas.settings import LakeSettings, Settings, cli
+from trajlake.store.config import TokenizerSettings
 
 DEFAULT_SUCCESS_THRESHOLD = 1.0
 MAX_LIVE_INTERVAL_S = 3600
@@ -43,14 +44,9 @@ class CompareSettings(Settings):
         return list(dict.fromkeys(v for v in value if v)) if isinstance(value, list) else value
 
 
-class AppSettings(LakeSettings, ThresholdSettings):
+class AppSettings(LakeSettings, ThresholdSettings, TokenizerSettings):
     """What the Streamlit app shows; `trajlake dashboard` passes them to it as env vars."""
 
-    tokenizer: str | None = Field(
-        None,
-        description="a Hugging Face tokenizers JSON file to decode tokens in the browser",
-        json_schema_extra=cli(metavar="TOKENIZER_JSON"),
-    )
     live_interval_s: int = Field(
         10,
         ge=1,

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from trajlake.dashboards.browse import (
     find_trajectories,
+    trajectory_advantage,
     trajectory_summary,
     trajectory_tool_calls,
     trajectory_turns,
@@ -59,6 +60,7 @@ __all__ = [
     "query",
     "rows",
     "slowest_trajectories",
+    "trajectory_advantage",
     "trajectory_summary",
     "trajectory_tool_calls",
     "trajectory_turns",

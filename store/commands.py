@@ -10,14 +10,23 @@ from typing import Any
 
 from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import FormatSettings, LakeSettings, add_settings
-from trajlake.store.config import CompactSettings, ExportSettings
+from trajlake.store.config import CompactSettings, ExportSettings, TokenizerSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the lake's commands."""
-    p = subparsers.add_parser("sql", help="read-only SQL over every table of the lake")
+    p = subparsers.add_parser(
+        "sql",
+        help="read-only SQL over every table of the lake",
+        description="Run one read-only SELECT over the lake's tables. detokenize(token_ids, model) "
+        "shows token ids as text with the tokenizer of the model a run recorded (its `model` "
+        'column), e.g. "select trajectory_id, detokenize(output_token_ids, model) as text from turns '
+        'join trajectories using (run_id, trajectory_id) limit 5"; --tokenizer DIR decodes with '
+        "DIR instead.",
+    )
     add_settings(p, LakeSettings)
     add_settings(p, FormatSettings)
+    add_settings(p, TokenizerSettings)
     p.add_argument(
         "query", help='one SELECT statement, e.g. "select status, count(*) from trajectories group by 1"'
     )
@@ -44,7 +53,8 @@ def run_sql(args: argparse.Namespace) -> int:
     from trajlake.store.lake import Lake
 
     lake = Lake(args.lake)
-    with _query_errors():
+    lake.query_engine().tokenizer = args.tokenizer
+    with _query_errors():  # a model with no tokenizer here is a TokenizerNotFound naming --tokenizer
         table = lake.sql(args.query)
     from trajlake.schemas.terminal import write_table
 

@@ -47,6 +47,17 @@ class CatalogSettings(Settings):
     )
 
 
+class TokenizerSettings(Settings):
+    """Which tokenizer turns token ids into text (`trajlake sql`'s detokenize(), the dashboard's browser)."""
+
+    tokenizer: str | None = Field(
+        None,
+        description="local model or tokenizer directory (or tokenizer.json) that decodes token ids, "
+        "whatever model a run recorded (default: each run's recorded model)",
+        json_schema_extra=cli(metavar="DIR"),
+    )
+
+
 class ExportSettings(Settings):
     """`trajlake export`: which trajectories, in which format, where (env TRAJLAKE_EXPORT_<FIELD>)."""
 

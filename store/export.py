@@ -19,15 +19,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 import pyarrow as pa
 
 from trajlake.store.errors import LakeError
-from trajlake.store.export_formats import (
-    MESSAGE_TYPE,
-    Decode,
-    ShardWriter,
-    chat_messages,
-    earlier_exports,
-    load_tokenizer,
-)
+from trajlake.store.export_formats import MESSAGE_TYPE, ShardWriter, chat_messages, earlier_exports
 from trajlake.store.sql import check_read_only
+from trajlake.store.tokenizer import Decoder, TokenizerNotFound, find_decoder
 
 if TYPE_CHECKING:
     from trajlake.store.config import ExportSettings
@@ -169,28 +163,25 @@ def export_query(query: str, columns: list[str], keys: list[str], text: bool) ->
 
 def tokenizers(
     cur: Any, query: str, keys: list[str], override: str | None, stream: TextIO
-) -> dict[Any, Decode]:
-    """A decoder per model the selection names, from `override` or the model's recorded directory.
+) -> dict[Any, Decoder]:
+    """A decoder per model the selection names, from `override` or the model each run recorded.
 
-    An override that does not load is an error; a recorded model that is not a local tokenizer
-    directory only means no text, said once on `stream`."""
+    An override that does not load is an error; a recorded model with no tokenizer on this
+    machine only means no text, said once on `stream`."""
     if override:
         try:
-            decode = load_tokenizer(override)
-        except OSError as err:
-            raise ExportError(
-                f"--tokenizer {override} does not load: {err}; pass a local tokenizer directory"
-            ) from None
-        return {None: decode}
+            return {None: find_decoder(None, override)}
+        except TokenizerNotFound as err:
+            raise ExportError(str(err)) from None
     rows = cur.sql(
         f"select distinct m.model from ({query}\n) q join _t_trajectories m on {_on('m', keys)}"
     ).fetchall()
-    decoders: dict[Any, Decode] = {}
+    decoders: dict[Any, Decoder] = {}
     missing = []
     for (model,) in rows:
         try:
-            decoders[model] = load_tokenizer(model or "")
-        except OSError:
+            decoders[model] = find_decoder(model)
+        except TokenizerNotFound:
             missing.append(str(model))
     if missing:
         text = "these trajectories get token ids only" if decoders else "writing token ids only, no messages"
@@ -206,7 +197,7 @@ def _empty(schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
 
 
-def finish_batch(batch: pa.RecordBatch, decoders: dict[Any, Decode]) -> pa.RecordBatch:
+def finish_batch(batch: pa.RecordBatch, decoders: dict[Any, Decoder]) -> pa.RecordBatch:
     """Add `messages` (when a tokenizer is known) and drop the export's own columns."""
     if decoders:
         models = batch.column(f"{HIDDEN}model").to_pylist()

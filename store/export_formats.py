@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajlake.schemas.terminal import json_default
+from trajlake.store.tokenizer import Decoder
 
 MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 """`messages`: the chat as text, one entry per prompt, tool output or model output."""
@@ -38,7 +39,8 @@ configs:
 
 Load with `datasets.load_dataset("{out}", split="train")`. `token_ids`, `logprobs` and
 `loss_mask` are the whole token sequence of each trajectory (loss_mask true on trained model
-tokens); `messages`, where a tokenizer was found, is the same sequence decoded per turn.
+tokens); `messages`, where a tokenizer was found, is the same sequence as chat messages
+(role and content, without the chat template's markup).
 """
 
 
@@ -121,41 +123,20 @@ class ShardWriter:
             self.files.pop()
 
 
-Decode = Callable[[Sequence[int]], str]
-
-
-def load_tokenizer(path: str) -> Decode:
-    """A decoder of token ids from a local tokenizer directory (never downloads); raises OSError."""
-    if not path:
-        raise OSError("no model recorded")
-    if not Path(path).is_dir():
-        raise OSError(f"{path} is not a directory")
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise OSError(str(err).splitlines()[0]) from None
-
-    def decode(ids: Sequence[int]) -> str:
-        return str(tokenizer.decode(list(ids), skip_special_tokens=False))
-
-    return decode
-
-
 def chat_messages(
-    token_ids: Sequence[int], input_lengths: Sequence[int], output_lengths: Sequence[int], decode: Decode
+    token_ids: Sequence[int], input_lengths: Sequence[int], output_lengths: Sequence[int], decoder: Decoder
 ) -> list[dict[str, str]]:
-    """One trajectory's tokens as chat text: per turn, what came in (the first prompt as `user`,
-    later environment output as `tool`) and what the model wrote (`assistant`)."""
+    """One trajectory's tokens as chat messages: per turn, what came in (the prompt's system and user
+    messages, later tool outputs) and what the model wrote (`assistant`), without template markup.
+
+    Input the chat template does not mark up keeps the roles by position: the first prompt is
+    `user`, later environment input `tool`."""
     messages = []
     at = 0
     for turn, (n_in, n_out) in enumerate(zip(input_lengths, output_lengths, strict=True)):
         if n_in:
-            messages.append(
-                {"role": "tool" if turn else "user", "content": decode(token_ids[at : at + n_in])}
-            )
+            messages += decoder.messages(token_ids[at : at + n_in], "tool" if turn else "user")
         at += n_in
-        messages.append({"role": "assistant", "content": decode(token_ids[at : at + n_out])})
+        messages.append({"role": "assistant", "content": decoder.reply(token_ids[at : at + n_out])})
         at += n_out
     return messages

@@ -5,6 +5,10 @@ Every table is a view over the Parquet files of its current Delta snapshot. The
 payloads are stored once; DuckDB drops the join when a query does not use them.
 Queries are read-only: only SELECT-like statements run, and the connection can read no
 file outside the lake and reach no network.
+
+`detokenize(token_ids, model)` turns a token-id list into text with the tokenizer of `model`
+(the `model` column a run recorded, or a tokenizer directory); `QueryEngine.tokenizer` (the
+`--tokenizer DIR` of `trajlake sql`) overrides it.
 """
 
 from __future__ import annotations
@@ -194,6 +198,9 @@ def read_files(
 class QueryEngine:
     """A read-only DuckDB database whose views follow the lake's Delta versions."""
 
+    tokenizer: str | None = None
+    """A tokenizer directory that `detokenize()` uses whatever model a row names."""
+
     def __init__(self, lake: Lake) -> None:
         from trajlake.store.lake import TABLES
 
@@ -210,6 +217,10 @@ class QueryEngine:
         for name in self.tables:
             body = VIEWS.get(name, f"select * from _t_{name}")
             self.con.execute(f"create or replace view {name} as {body}")
+        # null_handling as a string: its enum moved (duckdb.functional → duckdb.func) across versions
+        self.con.create_function(  # type: ignore[call-overload]
+            "detokenize", self.detokenize, ["BIGINT[]", "VARCHAR"], "VARCHAR", null_handling="special"
+        )
         if lake.is_local:
             root = lake.root.rstrip("/") + "/"
             self.con.execute("set allowed_directories = ?", [[root]])
@@ -244,11 +255,31 @@ class QueryEngine:
                     f"{err}. trajlake sql reads only the lake's tables "
                     f"({', '.join(t for t in self.tables)}); files and URLs outside the lake are refused"
                 ) from None
+            except duckdb.InvalidInputException as err:
+                _raise_udf_error(err)
+                raise
         finally:
             cur.close()
 
+    def detokenize(self, token_ids: list[int] | None, model: str | None) -> str | None:
+        """SQL's `detokenize(token_ids, model)`: the text of the ids (null for null ids)."""
+        if token_ids is None:
+            return None
+        from trajlake.store.tokenizer import find_decoder
+
+        return find_decoder(model, self.tokenizer)(token_ids)
+
     def close(self) -> None:
         self.con.close()
+
+
+def _raise_udf_error(err: Exception) -> None:
+    """Raise detokenize()'s own error (it says the fix) instead of DuckDB's wrapper around it."""
+    from trajlake.store.tokenizer import TokenizerNotFound
+
+    _, found, message = str(err).partition(f"{TokenizerNotFound.__name__}: ")
+    if found:
+        raise TokenizerNotFound(message.strip()) from None
 
 
 def check_read_only(query: str) -> None:

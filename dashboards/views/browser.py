@@ -1,68 +1,71 @@
-"""Trajectory browser: filter trajectories, open one: turns, tool calls, errors, tokens shaded by logprob."""
+"""Trajectory browser: filter trajectories, open one: turns as text with per-token overlays, tool calls, errors."""
 
 from __future__ import annotations
 
-import html
-import math
 from typing import Any
 
 import streamlit as st
 
+from trajlake.dashboards.browse import recorded_token_fields
 from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame
+from trajlake.dashboards.views.token_overlays import LEGENDS, MAX_TOKENS_SHOWN, OVERLAYS, tokens_html
 from trajlake.schemas.events import FAILURE_ORIGINS, STATUSES
 
-MAX_TOKENS_SHOWN = 4000
-"""Tokens rendered per turn; the rest is summarised (a long turn would freeze the browser)."""
+
+def run_decoder(model: str | None, override: str | None) -> tuple[Any, str | None]:
+    """The decoder of the run's recorded `model` (or of the app's tokenizer override), or None and
+    a note saying why there is none and how to get one."""
+    from trajlake.store.tokenizer import TokenizerNotFound, find_decoder
+
+    try:
+        return find_decoder(model, override), None
+    except TokenizerNotFound as err:
+        return (
+            None,
+            f"Showing token ids, not text: {err} to `trajlake dashboard` (or set TRAJLAKE_TOKENIZER).",
+        )
 
 
-@st.cache_resource(show_spinner=False)
-def load_tokenizer(path: str) -> Any:
-    """A Hugging Face `tokenizers` tokenizer from its JSON file."""
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(path)
-
-
-def token_texts(ids: list[int], tokenizer: Any) -> list[str]:
-    """Each id's text: the tokenizer's decoding when one is configured, else `#id`."""
-    if tokenizer is None:
-        return [f"#{i}" for i in ids]
-    return [
-        tokenizer.decode([i], skip_special_tokens=False) or tokenizer.id_to_token(i) or f"#{i}" for i in ids
-    ]
+def token_texts(decoder: Any, turn: dict[str, Any]) -> list[str] | None:
+    """Each shown token's text from the run's tokenizer (None without one)."""
+    if decoder is None:
+        return None
+    ids = [*(turn["input_token_ids"] or []), *(turn["output_token_ids"] or [])]
+    return list(decoder.pieces(ids[:MAX_TOKENS_SHOWN]))
 
 
-def shade(logprob: float | None) -> str:
-    """Background for a sampled token: white when certain (p≈1), deeper red as p falls."""
-    if logprob is None:
-        return "#e8e8e8"
-    p = math.exp(min(0.0, logprob))
-    return f"rgba(214, 39, 40, {0.85 * (1 - p):.2f})"
+NOT_RECORDED = {
+    "trainer_logprob": "This run's trainer recorded no per-token trainer logprobs.",
+    "mismatch": "It needs per-token trainer logprobs, which this run's trainer did not record "
+    "(the Async health page shows the trainer's per-step mismatch).",
+    "entropy": "No per-token entropy was recorded for this trajectory (the Entropy page shows it per "
+    "policy version).",
+    "advantage": "No trainer recorded an advantage for this trajectory (turns.advantage, "
+    "batch_consumption.advantage).",
+}
+"""Why an overlay has nothing to show, for those the lake may lack."""
 
 
-def tokens_html(turn: dict[str, Any], tokenizer: Any) -> str:
-    """One turn's appended input (grey) and sampled output (shaded by logprob) as HTML spans."""
-    inputs = list(turn["input_token_ids"] or [])
-    outputs = list(turn["output_token_ids"] or [])
-    logprobs = list(turn["output_logprobs"] or [])
-    ids = (inputs + outputs)[:MAX_TOKENS_SHOWN]
-    spans = []
-    gap = "" if tokenizer else ";margin-right:3px"  # bare ids need a gap to stay readable
-    for pos, (tok, text) in enumerate(zip(ids, token_texts(ids, tokenizer), strict=True)):
-        if pos < len(inputs):
-            style, tip = "background:#e8e8e8;color:#555", f"input id {tok}"
-        else:
-            lp = logprobs[pos - len(inputs)]
-            style, tip = f"background:{shade(lp)}", f"id {tok}, logprob {lp:.3f}"
-        spans.append(f'<span class="tok" title="{tip}" style="{style}{gap}">{html.escape(text)}</span>')
-    hidden = len(inputs) + len(outputs) - len(ids)
-    more = f"<em> … {hidden} more tokens</em>" if hidden > 0 else ""
-    return (
-        '<div style="font-family:monospace;white-space:pre-wrap;overflow-wrap:anywhere;line-height:1.7">'
-        + "".join(spans)
-        + more
-        + "</div>"
-    )
+def turn_advantages(ctx: PageContext, trajectory_id: str, turns: list[dict[str, Any]]) -> list[float | None]:
+    """Each turn's advantage: its own (`turns.advantage`), else the trajectory's at its last consuming step."""
+    consumed = ctx.metric("trajectory_advantage", ctx.run_id, trajectory_id)
+    fallback = consumed["advantage"] if consumed else None
+    return [t["advantage"] if t["advantage"] is not None else fallback for t in turns]
+
+
+def recorded_overlays(ctx: PageContext, trajectory_id: str, turns: list[dict[str, Any]]) -> dict[str, str]:
+    """The overlays this trajectory has figures for (overlay → where they come from)."""
+    recorded = {"logprob": "output_logprobs", "loss_mask": "loss_mask"}
+    for overlay in recorded_token_fields():
+        if any(t.get(overlay) is not None for t in turns):
+            recorded[overlay] = overlay
+    if "trainer_logprob" in recorded:
+        recorded["mismatch"] = "trainer_logprob"
+    if any(t["advantage"] is not None for t in turns):
+        recorded["advantage"] = "turns.advantage"
+    elif (consumed := ctx.metric("trajectory_advantage", ctx.run_id, trajectory_id)) is not None:
+        recorded["advantage"] = f"batch_consumption.advantage (step {consumed['step']})"
+    return recorded
 
 
 def render(ctx: PageContext) -> None:
@@ -122,21 +125,38 @@ def render_trajectory(ctx: PageContext, trajectory_id: str) -> None:
             )
     for message in errors:
         st.error(message)
-    tokenizer = load_tokenizer(ctx.tokenizer_path) if ctx.tokenizer_path else None
-    st.caption(
-        "Grey: input the environment appended. Red shading: sampled tokens, deeper as the logprob falls."
-        + ("" if tokenizer else " Set --tokenizer (TRAJLAKE_TOKENIZER) to a tokenizer.json to see text.")
+    decoder, note = run_decoder(summary["model"], ctx.tokenizer_path)
+    if note:
+        st.warning(note)
+    turns = ctx.metric("trajectory_turns", ctx.run_id, trajectory_id).to_pylist()
+    recorded = recorded_overlays(ctx, trajectory_id, turns)
+    overlay = st.radio(
+        "Overlay",
+        list(OVERLAYS),
+        format_func=lambda o: OVERLAYS[o] + ("" if o in recorded else " (not recorded)"),
+        horizontal=True,
+        key="browser_overlay",
     )
-    turns = ctx.metric("trajectory_turns", ctx.run_id, trajectory_id)
-    for turn in turns.to_pylist():
+    advantage = recorded.get("advantage")
+    st.caption(
+        "Grey italic: environment tokens (prompt and tool output the turn appended; no loss). "
+        + LEGENDS[overlay]
+        + (f" Advantage from {advantage}." if overlay == "advantage" and advantage else "")
+    )
+    if overlay not in recorded:
+        st.info(f"**{OVERLAYS[overlay]}: not recorded.** {NOT_RECORDED[overlay]}", icon=":material/block:")
+    scale = max((abs(a) for a in turn_advantages(ctx, trajectory_id, turns) if a is not None), default=1.0)
+    for turn, adv in zip(turns, turn_advantages(ctx, trajectory_id, turns), strict=True):
         label = (
             f"Turn {turn['turn_index']} · v{turn['policy_version']} · {turn['n_input_tokens']} in / "
-            f"{turn['n_output_tokens']} out · {turn['finish_reason'] or ''}"
+            f"{turn['n_output_tokens']} out"
+            + (f" · {turn['finish_reason']}" if turn["finish_reason"] else "")
             + (" · nudged" if turn["nudged"] else "")
             + (" · TITO drift" if turn["tito_drift"] else "")
+            + (f" · advantage {adv:.3f}" if adv is not None else "")
         )
         with st.expander(label, expanded=turn["turn_index"] == 0):
-            st.html(tokens_html(turn, tokenizer))
+            st.html(tokens_html(turn, token_texts(decoder, turn), overlay, adv, scale or 1.0))
     st.subheader("Tool calls")
     if calls.num_rows:
         st.dataframe(frame(calls), hide_index=True, key="browser_calls")

@@ -22,7 +22,8 @@ def render(ctx: PageContext) -> None:
     st.header("SQL console")
     st.caption(
         "Read-only DuckDB over every table: events, trajectories, turns, tool_calls, dead_letters, "
-        "policy_versions, trainer_steps, batch_consumption. Statements that write are refused."
+        "policy_versions, trainer_steps, batch_consumption. Statements that write are refused. "
+        "`detokenize(output_token_ids, model)` shows token ids as text with the run's tokenizer."
     )
     sql = st.text_area("Query", default_query(ctx.run_id), height=140, key="sql_query")
     if st.button("Run", type="primary", key="sql_run") or "sql_result" not in st.session_state:
@@ -42,6 +43,7 @@ def run_query(ctx: PageContext, sql: str) -> pa.Table | str:
 
     from trajlake.store.errors import LakeError
 
+    ctx.lake.query_engine().tokenizer = ctx.tokenizer_path  # detokenize()'s override, as in `trajlake sql`
     try:
         return ctx.lake.sql(sql)
     except (LakeError, duckdb.Error) as err:  # the user's to fix: show it and keep the page

@@ -180,3 +180,11 @@ def test_metrics_says_how_to_choose_runs(two_runs_lake, capsys, monkeypatch, arg
     assert err.startswith("trajlake metrics: error: ") and message in err
     if "not both" not in message and "--by" not in message:
         assert f"runs there: {OTHER}, {RUN}" in err
+
+
+def test_dashboard_refuses_a_tokenizer_that_does_not_load_before_serving(bare_lake, tmp_path, capsys):
+    missing = tmp_path / "no-model"
+    assert main(["dashboard", "--lake", bare_lake.root, "--tokenizer", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer {missing} does not load" in err and "drop --tokenizer" in err
+    assert "serving" not in err  # refused before starting Streamlit

@@ -166,18 +166,13 @@ def test_an_id_found_in_two_runs_needs_run_id_in_the_query(tmp_path, capsys) -> 
     lake.close()
 
 
-def decoded_turns(lake: Lake, tokenizer, run_id: str, trajectory_id: str) -> list[dict[str, str]]:
-    turns = lake.sql(
-        "select input_token_ids, output_token_ids from turns where run_id = ? and trajectory_id = ? order by seq",
-        [run_id, trajectory_id],
-    ).to_pylist()
-    messages = []
-    for i, turn in enumerate(turns):
-        messages.append(
-            {"role": "tool" if i else "user", "content": tokenizer.decode(turn["input_token_ids"])}
-        )
-        messages.append({"role": "assistant", "content": tokenizer.decode(turn["output_token_ids"])})
-    return messages
+CHAT = [
+    {"role": "user", "content": "What is 2+3?"},
+    {"role": "assistant", "content": "Let me compute."},
+    {"role": "tool", "content": "5"},
+    {"role": "assistant", "content": "5"},
+]
+"""`record_chat`'s trajectory as clean messages: no ChatML markup, the tool output its own message."""
 
 
 def test_messages_are_each_turn_decoded_with_the_runs_tokenizer(lake, tokenizer, tmp_path, capsys) -> None:
@@ -185,18 +180,47 @@ def test_messages_are_each_turn_decoded_with_the_runs_tokenizer(lake, tokenizer,
     query = "select run_id, trajectory_id from trajectories where run_id in ('r1', 'r2')"
     assert export(lake, out, query, "--format", "jsonl") == 0
     by_run = {r["run_id"]: r for r in read_rows(out, "jsonl")}
-    assert by_run["r1"]["messages"] == decoded_turns(lake, tokenizer, "r1", "chat-1")
-    assert by_run["r1"]["messages"][1]["content"] == "Let me compute.<|im_end|>\n"
+    assert by_run["r1"]["messages"] == CHAT
     assert by_run["r2"]["messages"] is None  # its model is not on this machine
     assert "some-org/remote-model" in capsys.readouterr().err
 
 
-def test_tokenizer_option_decodes_a_run_whose_model_is_elsewhere(
-    lake, tokenizer, model_dir, tmp_path
-) -> None:
+def test_a_templated_prompt_is_split_into_its_messages(model_dir, tokenizer, tmp_path) -> None:
+    """The demo's prompt (system + tools + user, rendered by the chat template) as its own messages."""
+    from trajlake.rollout.engine.chat import ChatSession
+
+    chat = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "calc 3 + 4"}]
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {}}}]
+    session = ChatSession(tokenizer, chat, tools=tools)
+    prompt = session.take_pending()
+    output = tokenizer.encode('<tool_call>\n{"name": "calc", "arguments": {}}\n</tool_call><|im_end|>')
+    session.add_output(output)
+    result = session.add_messages([{"role": "tool", "content": "7"}])
+    lake = Lake(tmp_path / "lake")
+    bus = InProcessBus()
+    traj = Recorder(bus, "demo").start("task", trajectory_id="t", model=str(model_dir))
+    traj.turn(output, [-0.1] * len(output), 0, input_token_ids=prompt)
+    traj.turn(tokenizer.encode("7<|im_end|>"), [-0.1] * 2, 0, input_token_ids=result)
+    traj.finish("completed")
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    assert export(lake, tmp_path / "out", "select trajectory_id from trajectories") == 0
+    (row,) = pq.read_table(tmp_path / "out").to_pylist()
+    system, *rest = row["messages"]
+    assert system["role"] == "system" and system["content"].startswith("Use the tools.\n\n# Tools")
+    assert rest == [
+        {"role": "user", "content": "calc 3 + 4"},
+        {"role": "assistant", "content": '<tool_call>\n{"name": "calc", "arguments": {}}\n</tool_call>'},
+        {"role": "tool", "content": "7"},
+        {"role": "assistant", "content": "7"},
+    ]
+    lake.close()
+
+
+def test_tokenizer_option_decodes_a_run_whose_model_is_elsewhere(lake, model_dir, tmp_path, capsys) -> None:
     out = tmp_path / "out"
     query = "select run_id, trajectory_id from trajectories where run_id = 'r2'"
     assert export(lake, out, query, "--tokenizer", str(model_dir)) == 0
     (row,) = pq.read_table(out).to_pylist()
-    assert row["messages"] == decoded_turns(lake, tokenizer, "r2", "chat-2")
+    assert row["messages"] == CHAT
     assert export(lake, tmp_path / "o2", query, "--tokenizer", str(tmp_path / "none")) == 2
+    assert "--tokenizer" in capsys.readouterr().err

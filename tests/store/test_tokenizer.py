@@ -1,0 +1,120 @@
+"""The run's tokenizer: found from its recorded model or `--tokenizer`, token text, chat messages, SQL's detokenize()."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from trajlake.cli import main
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.recorder import Recorder
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.store.lake import Lake
+from trajlake.store.tokenizer import TokenizerNotFound, find_decoder
+
+PROMPT = "<|im_start|>user\nWhat is 2+3? Answer in Français.<|im_end|>\n<|im_start|>assistant\n"
+ANSWER = "Cinq — ça fait 5.<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("model") / "tiny"
+    assert main(["model", "init", str(target), "--vocab-size", "400", "--seed", "5"]) == 0
+    return target
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory, model_dir, tokenizer):
+    """Run `local` recorded the tiny model's directory; run `remote` a model name not on this machine."""
+    lake = Lake(tmp_path_factory.mktemp("tok") / "lake")
+    bus = InProcessBus()
+    for run_id, model in (("local", str(model_dir)), ("remote", "some-org/remote-model")):
+        traj = Recorder(bus, run_id).start("task", trajectory_id=f"{run_id}-1", model=model)
+        out = tokenizer.encode(ANSWER)
+        traj.turn(out, [-0.5] * len(out), 0, input_token_ids=tokenizer.encode(PROMPT))
+        traj.finish("completed")
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    yield lake
+    lake.close()
+
+
+def test_each_tokens_text_joins_into_the_decoded_text(model_dir, tokenizer) -> None:
+    ids = tokenizer.encode(PROMPT + ANSWER)
+    pieces = find_decoder(str(model_dir)).pieces(ids)
+    assert len(pieces) == len(ids)
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert not any("\ufffd" in p for p in pieces)  # a character split over tokens goes to its last token
+
+
+def test_a_prompt_rendered_by_the_chat_template_becomes_role_content_pairs(model_dir, tokenizer) -> None:
+    decoder = find_decoder(str(model_dir))
+    assert decoder.messages(tokenizer.encode(PROMPT), "user") == [
+        {"role": "user", "content": "What is 2+3? Answer in Français."}
+    ]
+    assert decoder.reply(tokenizer.encode(ANSWER)) == "Cinq — ça fait 5."
+
+
+def test_a_tokenizer_json_file_decodes_too(tmp_path) -> None:
+    from tokenizers import Tokenizer, models
+
+    path = tmp_path / "tokenizer.json"
+    Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(8)}, unk_token="w0")).save(str(path))
+    decoder = find_decoder("anything", override=str(path))
+    assert decoder.pieces([3, 5]) == ["w3", " w5"]
+    assert decoder.messages([3, 5], "tool") == [{"role": "tool", "content": "w3 w5"}]  # no template
+
+
+@pytest.mark.parametrize(
+    "model, override, says",
+    [
+        ("some-org/remote-model", None, "no tokenizer for the run's model 'some-org/remote-model'"),
+        (None, None, "the run recorded no model"),
+        ("x", "/no/such/dir", "--tokenizer /no/such/dir does not load"),
+    ],
+    ids=["model-not-here", "no-model", "bad-override"],
+)
+def test_a_tokenizer_that_cannot_be_found_names_the_fix(model, override, says) -> None:
+    with pytest.raises(TokenizerNotFound) as err:
+        find_decoder(model, override)
+    assert says in str(err.value) and "--tokenizer" in str(err.value)
+
+
+def sql(lake: Lake, query: str, *options: str) -> int:
+    return main(["sql", "--lake", lake.root, "--format", "json", *options, query])
+
+
+DETOKENIZE = """select trajectory_id, detokenize(input_token_ids, model) as prompt,
+  detokenize(output_token_ids, model) as answer, input_token_ids, output_token_ids
+from turns join trajectories using (run_id, trajectory_id) where run_id = ?"""
+
+
+def test_sql_detokenize_is_the_runs_tokenizers_decode(lake, tokenizer, capsys) -> None:
+    import json
+
+    assert sql(lake, DETOKENIZE.replace("?", "'local'")) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["prompt"] == tokenizer.decode(row["input_token_ids"]) == PROMPT
+    assert row["answer"] == tokenizer.decode(row["output_token_ids"]) == ANSWER
+
+
+def test_sql_detokenize_without_a_local_tokenizer_says_to_pass_one(lake, model_dir, capsys) -> None:
+    import json
+
+    assert sql(lake, DETOKENIZE.replace("?", "'remote'")) == 2
+    err = capsys.readouterr().err
+    assert "some-org/remote-model" in err and "--tokenizer DIR" in err and "Traceback" not in err
+    assert sql(lake, DETOKENIZE.replace("?", "'remote'"), "--tokenizer", str(model_dir)) == 0
+    assert json.loads(capsys.readouterr().out)[0]["answer"] == ANSWER
+
+
+def test_sql_help_documents_detokenize(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["sql", "--help"])
+    assert "detokenize(token_ids, model)" in " ".join(capsys.readouterr().out.split())
