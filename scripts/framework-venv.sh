@@ -8,7 +8,7 @@
 # framework's entry and trajlake's own Python requirement and dependencies), so a new clone
 # reuses it; a later call only re-points trajlake's editable install at this checkout.
 # The interpreter: TRAJLAKE_PYTHON_<MAJOR><MINOR> (e.g. TRAJLAKE_PYTHON_312), else pythonX.Y on
-# PATH, else pyenv's newest X.Y.*, else `uv python find X.Y`.
+# PATH, else pyenv's newest X.Y.*, else uv's (`uv python install X.Y` when it has none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?usage: scripts/framework-venv.sh NAME (a table of scripts/frameworks.toml)}
@@ -36,7 +36,11 @@ find_python() {
     p=$(ls -d "$(pyenv root)/versions/$v".*/bin/"python$v" 2>/dev/null | sort -V | tail -1 || true)
     if [ -n "$p" ]; then echo "$p"; return; fi
   fi
-  if command -v uv >/dev/null && p=$(uv python find "$v" 2>/dev/null); then echo "$p"; return; fi
+  if command -v uv >/dev/null; then  # uv is in the project venv (the vllm extra); it may download $v
+    if p=$(uv python find "$v" 2>/dev/null) || { uv python install "$v" >&2 && p=$(uv python find "$v"); }; then
+      echo "$p"; return
+    fi
+  fi
   echo "no Python $v found for $name: install it (pyenv install $v, or uv python install $v) or set $var" >&2
   return 1
 }
