@@ -37,7 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="an Agent Lightning 1.0 server: each finished rollout once, resumable (--follow: live)",
     )
     add_settings(a, AgentLightningSettings, help={"server": "Agent Lightning server root"})
-    add_settings(a, CatalogSettings, help={"catalog_url": "catalog that keeps the cursor; unset: SQLite in the lake"})
+    add_settings(
+        a, CatalogSettings, help={"catalog_url": "catalog that keeps the cursor; unset: SQLite in the lake"}
+    )
     _common_import_options(a)
     a.set_defaults(handler=run_import_agent_lightning)
 

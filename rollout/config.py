@@ -197,8 +197,11 @@ class AgentLightningSettings(Settings):
     )
     key: str | None = Field(None, description="the server's API key (its `key` setting), if it has one")
     follow: bool = Field(
-        False, description="keep polling for newly finished rollouts until interrupted (default: stop when caught up)"
+        False,
+        description="keep polling for newly finished rollouts until interrupted (default: stop when caught up)",
     )
-    poll_interval_s: float = Field(1.0, gt=0, le=3600, description="wait between polls once caught up (--follow)")
+    poll_interval_s: float = Field(
+        1.0, gt=0, le=3600, description="wait between polls once caught up (--follow)"
+    )
     page_size: int = Field(100, ge=1, le=1000, description="terminal rollouts read (and committed) per page")
     timeout_s: float = Field(30.0, gt=0, description="time for one request to the server")

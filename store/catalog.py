@@ -256,7 +256,11 @@ class Catalog:
         with Session(self.engine) as session, session.begin():
             session.merge(
                 SourceCursor(
-                    run_id=run_id, source=source, position=position, last_key=last_key, updated_at=self.clock()
+                    run_id=run_id,
+                    source=source,
+                    position=position,
+                    last_key=last_key,
+                    updated_at=self.clock(),
                 )
             )
 

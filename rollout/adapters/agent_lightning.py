@@ -31,6 +31,7 @@ its tokens with loss_mask 0.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -115,12 +116,17 @@ class AglRollout:
 
     @classmethod
     def from_api(
-        cls, detail: Mapping[str, Any], triplets: Sequence[Mapping[str, Any]], full: Sequence[Mapping[str, Any]]
+        cls,
+        detail: Mapping[str, Any],
+        triplets: Sequence[Mapping[str, Any]],
+        full: Sequence[Mapping[str, Any]],
     ) -> AglRollout:
         """Build from `/api/rollouts/{id}` and its events (triplet view and full view)."""
         rollout, status = detail["rollout"], detail["rollout"]["status"]
         inp = rollout.get("input")
-        data_id = str((inp.get("data_id") or inp.get("instance_id") or "") if isinstance(inp, Mapping) else "")
+        data_id = str(
+            (inp.get("data_id") or inp.get("instance_id") or "") if isinstance(inp, Mapping) else ""
+        )
         by_time = {(e["event_type"], e["timestamp"]): e.get("data") or {} for e in full}
         calls = [
             _call(e.get("data") or {}, by_time.get(("model_request", e["timestamp"]), {}))
@@ -153,7 +159,7 @@ class AglRollout:
             return failure, None, f"the rollout failed: {self.error_message or 'no error message'}"[:500]
         if value is None:
             return taxonomy.VERIFIER_FAILED, None, "the rollout succeeded without a reward event"
-        if fallback:  # the runner filled a reward in because the evaluator gave none
+        if fallback and reward is not None:  # the runner filled a reward in: the evaluator gave none
             why = reward.get("reason") or reward.get("message") or "no reason given"
             return taxonomy.VERIFIER_FAILED, None, f"fallback reward {value} ({why})"[:500]
         return taxonomy.COMPLETED, value, None
@@ -182,14 +188,16 @@ class AglRollout:
 def _call(triplet: Mapping[str, Any], full: Mapping[str, Any]) -> AglCall:
     server = triplet.get("server") or {}
     request = full.get("request") or {}
-    response = full.get("response") if isinstance(full.get("response"), Mapping) else {}
-    choice = (response.get("choices") or [{}])[0] if isinstance(response, Mapping) else {}
-    message = choice.get("message") if isinstance(choice, Mapping) else None
-    error = triplet.get("error") or (response.get("error") if isinstance(response, Mapping) else None)
-    if error is not None and not isinstance(error, str):
-        error = str(error.get("message") if isinstance(error, Mapping) and "message" in error else error)
+    raw = full.get("response")
+    response: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    choices = response.get("choices") or [{}]
+    choice: Mapping[str, Any] = choices[0] if isinstance(choices[0], Mapping) else {}
+    message = choice.get("message") if isinstance(choice.get("message"), Mapping) else None
+    error = triplet.get("error") or response.get("error")
+    if isinstance(error, Mapping):  # OpenAI/vLLM error bodies: {"error": {"message": ..., "code": 400}}
+        error = error.get("message") or json.dumps(error)
     if error is None and triplet.get("status") == "error":
-        error = str(response.get("message") or response.get("detail") or f"HTTP {triplet.get('http_status')}")
+        error = response.get("message") or response.get("detail") or f"HTTP {triplet.get('http_status')}"
     latency_ms = full.get("latency_ms")
     return AglCall(
         prompt_token_ids=[int(t) for t in triplet.get("prompt_token_ids") or []],
@@ -200,9 +208,9 @@ def _call(triplet: Mapping[str, Any], full: Mapping[str, Any]) -> AglCall:
         finish_reason=full.get("finish_reason") or (choice.get("finish_reason") if choice else None),
         latency_s=None if latency_ms is None else float(latency_ms) / 1000,
         http_status=triplet.get("http_status"),
-        error=error,
+        error=None if error is None else str(error),
         prompt_text=request.get("messages", request.get("prompt")),
-        completion_text=(message or {}).get("content") if message else choice.get("text"),
+        completion_text=message.get("content") if message is not None else choice.get("text"),
     )
 
 
@@ -213,7 +221,9 @@ class AglClient:
     def __init__(self, config: AgentLightningSettings, transport: httpx.BaseTransport | None = None) -> None:
         self.url = config.server.rstrip("/")
         headers = {"authorization": f"Bearer {config.key}"} if config.key else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=config.timeout_s, transport=transport)
+        self.http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=config.timeout_s, transport=transport
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -229,7 +239,9 @@ class AglClient:
                 retryable=True,
             ) from err
         if response.status_code == 401:
-            raise AgentLightningError("the server wants an API key; pass --key or TRAJLAKE_AGL_KEY", url=self.url)
+            raise AgentLightningError(
+                "the server wants an API key; pass --key or TRAJLAKE_AGL_KEY", url=self.url
+            )
         if response.status_code >= 500:
             raise AgentLightningError(
                 f"GET {path} answered {response.status_code}",
@@ -254,14 +266,16 @@ class AglClient:
             if err.retryable:
                 raise
             info = {}  # the schema route may be switched off: the page shape below decides
-        if info and (info.get("title") != "Agent Lightning" or info.get("version") not in SUPPORTED_API_VERSIONS):
+        if info and (
+            info.get("title") != "Agent Lightning" or info.get("version") not in SUPPORTED_API_VERSIONS
+        ):
             raise UnsupportedAgentLightning(
                 f"the server is {info.get('title')!r} API version {info.get('version')!r}; this adapter "
                 f"supports Agent Lightning API version {supported}",
                 url=self.url,
             )
         page = self.terminal_page(0, 1)
-        if not isinstance(page, Mapping) or not TERMINAL_PAGE_KEYS <= set(page):
+        if not isinstance(page, Mapping) or not set(page) >= TERMINAL_PAGE_KEYS:
             raise UnsupportedAgentLightning(
                 "GET /api/rollouts/terminal did not answer a page of terminal rollouts "
                 f"(items, next_after, total_terminal); this adapter supports Agent Lightning API version {supported}",
@@ -341,7 +355,11 @@ def record_rollout(session: ImportSession, rollout: AglRollout) -> bool:
                       finish_reason=call.finish_reason, latency_s=call.latency_s)  # fmt: skip
         session.report.turns += 1
     if reward is not None or verifier_error is not None:
-        components = {f"reward_{i}": float(r["value"]) for i, r in enumerate(rollout.rewards) if r.get("value") is not None}
+        components = {
+            f"reward_{i}": float(r["value"])
+            for i, r in enumerate(rollout.rewards)
+            if r.get("value") is not None
+        }
         traj.reward(reward, components=components if len(components) > 1 else None, verifier=SOURCE,
                     verifier_error=verifier_error)  # fmt: skip
     traj.finish(
@@ -374,7 +392,9 @@ class AglPoller:
             return 0
         position, last_key = saved
         page = self.client.terminal_page(max(position - 1, 0), 1)
-        moved = last_key is not None and position > 0 and [i["rollout_id"] for i in page["items"]] != [last_key]
+        moved = (
+            last_key is not None and position > 0 and [i["rollout_id"] for i in page["items"]] != [last_key]
+        )
         if page["total_terminal"] < position or moved:
             # the server restarted (its store is in memory): read its new log from the start
             self.session.report.warnings.append(
@@ -401,14 +421,17 @@ class AglPoller:
         self.session.drain()  # committed to the lake first, then the cursor: a crash in between replays
         next_after = int(page["next_after"])
         if next_after != self.position:
-            whole = len(items) == next_after - self.position  # else the last listed one is not at next_after-1
+            # when the server deleted a listed rollout, the last item is not the one at next_after - 1
+            whole = len(items) == next_after - self.position
             last_key = items[-1]["rollout_id"] if items and whole else None
             self.catalog.save_source_cursor(self.run_id, self.cursor_key, next_after, last_key)
             self.position = next_after
         return next_after >= int(page["total_terminal"])
 
     def run(
-        self, stop_event: threading.Event | None = None, on_rollout: Callable[[AglRollout], None] | None = None
+        self,
+        stop_event: threading.Event | None = None,
+        on_rollout: Callable[[AglRollout], None] | None = None,
     ) -> ImportReport:
         """Import until caught up, or with `follow` until `stop_event` is set; return the report."""
         stop_event = stop_event or threading.Event()
@@ -418,7 +441,8 @@ class AglPoller:
             except AgentLightningError as err:
                 if not (self.config.follow and err.retryable):
                     raise
-                log.warning("%s; retrying in %.1f s", err, self.config.poll_interval_s)  # the server may restart
+                # the server may be restarting: a follower waits for it
+                log.warning("%s; retrying in %.1f s", err, self.config.poll_interval_s)
                 caught_up = True
             if caught_up:
                 if not self.config.follow:

@@ -27,7 +27,9 @@ from trajlake.store.lake import Lake
 RUN = "agl-run"
 
 
-def finished_rollout(agl, rollout_id: str, *, reward: float = 1.0, data_id: str = "q1", sample: int = 0) -> dict:
+def finished_rollout(
+    agl, rollout_id: str, *, reward: float = 1.0, data_id: str = "q1", sample: int = 0
+) -> dict:
     """A rollout as an agent runner makes it: one call through the proxy, a reward, succeeded; the engine's answer."""
     agl.rollout(rollout_id, data_id=data_id, sample=sample)
     answer = agl.chat(rollout_id, f"Say something about {rollout_id}")
@@ -186,14 +188,20 @@ def test_failures_are_classified_and_a_call_without_token_ids_is_kept_as_text(ag
     [text_turn] = stored_turns(tmp_path / "lake")["text-only"]
     assert text_turn["output_token_ids"] == [] and text_turn["input_token_ids"] == []
     kept = json.loads(text_turn["attributes"])
-    assert kept == {"tokens_recorded": False, "prompt": [{"role": "user", "content": "2+2?"}], "completion": "4"}
+    assert kept == {
+        "tokens_recorded": False,
+        "prompt": [{"role": "user", "content": "2+2?"}],
+        "completion": "4",
+    }
     assert any("no token ids" in w for w in report.warnings)
 
 
 def _mock_server(version: str, title: str = "Agent Lightning") -> httpx.MockTransport:
     def answer(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/openapi.json":
-            return httpx.Response(200, json={"openapi": "3.1.0", "info": {"title": title, "version": version}})
+            return httpx.Response(
+                200, json={"openapi": "3.1.0", "info": {"title": title, "version": version}}
+            )
         if request.url.path == "/api/rollouts/terminal":
             return httpx.Response(200, json={"items": [], "next_after": 0, "total_terminal": 0})
         return httpx.Response(404, json={"detail": "Not Found"})
@@ -206,8 +214,13 @@ def _mock_server(version: str, title: str = "Agent Lightning") -> httpx.MockTran
     ids=["newer", "older", "not-agl"],
 )  # fmt: skip
 def test_an_unknown_server_version_names_the_supported_ones(version, title):
-    client = AglClient(AgentLightningSettings(server="http://agl.test"), transport=_mock_server(version, title))
-    with pytest.raises(UnsupportedAgentLightning, match=r"supports Agent Lightning API version 1\.0\.0 \(agentlightning 1\.0\.x\)"):
+    client = AglClient(
+        AgentLightningSettings(server="http://agl.test"), transport=_mock_server(version, title)
+    )
+    with pytest.raises(
+        UnsupportedAgentLightning,
+        match=r"supports Agent Lightning API version 1\.0\.0 \(agentlightning 1\.0\.x\)",
+    ):
         client.check_version()
 
 
@@ -225,3 +238,90 @@ def test_the_cli_names_the_server_it_cannot_reach(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2
     assert "http://127.0.0.1:9: cannot reach the server" in done.stderr and "--server" in done.stderr
+
+
+@pytest.mark.integration
+def test_a_retried_rollout_is_one_trajectory_with_the_last_attempt_s_calls(agl_server, tmp_path):
+    agl_server.rollout("retried", data_id="q6", attempt="a0")
+    agl_server.chat("retried", "first try", attempt="a0").raise_for_status()
+    agl_server.patch("retried", last_attempt_id="a1")  # the runner gave up on a0 and started again
+    answer = agl_server.chat("retried", "second try", attempt="a1").json()
+    agl_server.event("retried", "reward", {"value": 0.5}, attempt="a1")
+    agl_server.patch("retried", state="succeeded")
+
+    lake = Lake(tmp_path / "lake")
+    report = import_agent_lightning(lake, AgentLightningSettings(server=agl_server.url), RUN)
+    lake.close()
+    assert report.trajectories == 1
+    [turn] = stored_turns(tmp_path / "lake")["retried"]
+    assert_engine_tokens(turn, answer)
+    [traj] = stored_trajectories(tmp_path / "lake")
+    assert (traj["status"], traj["reward"]) == ("completed", 0.5)
+
+
+class FakeAgl:
+    """An Agent Lightning 1.0 API in memory (httpx MockTransport): a log that a restart empties."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def finish(self, rollout_id: str) -> None:
+        self.log.append(rollout_id)
+
+    def restart(self) -> None:
+        self.log = []
+
+    def transport(self) -> httpx.MockTransport:
+        def answer(request: httpx.Request) -> httpx.Response:
+            path, q = request.url.path, request.url.params
+            if path == "/openapi.json":
+                return httpx.Response(200, json={"info": {"title": "Agent Lightning", "version": "1.0.0"}})
+            if path == "/api/rollouts/terminal":
+                after, limit = int(q.get("after", 0)), int(q.get("limit", 1000))
+                ids = self.log[after : after + limit]
+                items = [
+                    {"rollout_id": r, "state": "succeeded", "data_id": "d", "is_train": True} for r in ids
+                ]
+                return httpx.Response(
+                    200,
+                    json={"items": items, "next_after": after + len(ids), "total_terminal": len(self.log)},
+                )
+            rid = path.split("/")[3]
+            if path.endswith("/events"):
+                call = {"prompt_token_ids": [1, 2, 3], "response_token_ids": [4, 5], "response_log_probs": [-0.5, -0.25],
+                        "server": {"model": "m", "version": 2}, "http_status": 200, "status": "ok"}  # fmt: skip
+                data = call if q.get("format") == "triplet" else {"response": {}, "finish_reason": "stop"}
+                return httpx.Response(200, json=[
+                    {"event_type": "model_request", "rollout_id": rid, "attempt_id": "0", "timestamp": 1.0, "data": data},
+                    {"event_type": "reward", "rollout_id": rid, "attempt_id": "0", "timestamp": 2.0, "data": {"value": 1.0}},
+                ])  # fmt: skip
+            status = {"state": "succeeded", "last_attempt_id": None, "error_message": None}
+            return httpx.Response(200, json={"rollout": {"rollout_id": rid, "input": {"data_id": "d"}, "is_train": True,
+                                                         "metadata": {}, "status": status}, "attempts": ["0"]})  # fmt: skip
+
+        return httpx.MockTransport(answer)
+
+
+def test_after_the_server_restarts_its_new_log_is_read_from_the_start(tmp_path, monkeypatch):
+    from trajlake.rollout.adapters import agent_lightning
+
+    fake = FakeAgl()
+    real_client = agent_lightning.AglClient
+    monkeypatch.setattr(
+        agent_lightning, "AglClient", lambda config: real_client(config, transport=fake.transport())
+    )
+    config = AgentLightningSettings(server="http://agl.test", page_size=2)
+    lake = Lake(tmp_path / "lake")
+    for rid in ("a", "b", "c"):
+        fake.finish(rid)
+    assert import_agent_lightning(lake, config, RUN).trajectories == 3
+    fake.restart()  # in-memory store: the log starts again, with new rollouts and one seen before
+    for rid in ("d", "a", "e", "f"):
+        fake.finish(rid)
+    report = import_agent_lightning(lake, config, RUN)
+    assert (report.trajectories, report.skipped_existing) == (3, 1)
+    assert any("reading it from 0" in w for w in report.warnings)
+    lake.close()
+    turns = stored_turns(tmp_path / "lake")
+    assert sorted(turns) == ["a", "b", "c", "d", "e", "f"] and all(len(t) == 1 for t in turns.values())
+    assert turns["a"][0]["output_token_ids"] == [4, 5] and turns["a"][0]["input_token_ids"] == [1, 2, 3]
