@@ -53,7 +53,7 @@ SOURCE = "agent-lightning"
 # the FastAPI app version the server reports in /openapi.json, per supported release
 SUPPORTED_API_VERSIONS = {"1.0.0": "agentlightning 1.0.x"}
 TERMINAL_PAGE_KEYS = frozenset({"items", "next_after", "total_terminal"})
-UPSTREAM_INFRA_STATUSES = frozenset({408, 429, 502, 503, 504})
+UPSTREAM_INFRA_STATUSES = frozenset({408, 409, 429})  # and every 5xx: what AGL itself retries
 
 
 class AgentLightningError(RolloutError):

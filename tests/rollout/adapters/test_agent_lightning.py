@@ -325,3 +325,16 @@ def test_after_the_server_restarts_its_new_log_is_read_from_the_start(tmp_path, 
     turns = stored_turns(tmp_path / "lake")
     assert sorted(turns) == ["a", "b", "c", "d", "e", "f"] and all(len(t) == 1 for t in turns.values())
     assert turns["a"][0]["output_token_ids"] == [4, 5] and turns["a"][0]["input_token_ids"] == [1, 2, 3]
+
+
+@pytest.mark.integration
+def test_the_example_writes_its_rollouts_into_the_lake(agl_venv, vllm_server, tmp_path):
+    example = Path(__file__).parents[3] / "examples" / "agent_lightning" / "run.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--lake", str(tmp_path / "lake"), "--vllm-url", vllm_server.url,
+         "--samples", "1", "--run-id", RUN],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "3 rollouts through Agent Lightning" in done.stdout and "imported 3 trajectories" in done.stdout
+    assert len(stored_trajectories(tmp_path / "lake")) == 3
