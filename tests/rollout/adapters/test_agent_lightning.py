@@ -229,6 +229,7 @@ def test_a_supported_server_passes_the_version_check():
     assert client.check_version() == "1.0.0"
 
 
+@pytest.mark.integration  # a CLI process
 def test_the_cli_names_the_server_it_cannot_reach(tmp_path):
     env = {**os.environ, "NO_PROXY": "127.0.0.1"}
     done = subprocess.run(
