@@ -47,22 +47,23 @@ def agl_server(url: str | None, model: str) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    workdir = tempfile.mkdtemp(prefix="agl-")
-    cmd = [f"{venv}/bin/python", "-m", "agentlightning.server", f"port={port}", "host=127.0.0.1",
-           f"default_proxy.model_name={model}", f"hydra.run.dir={workdir}", "hydra.output_subdir=null"]  # fmt: skip
-    with open(Path(workdir) / "server.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while not _healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"the Agent Lightning server did not start; see {workdir}/server.log")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with tempfile.TemporaryDirectory(prefix="agl-") as workdir:
+        cmd = [f"{venv}/bin/python", "-m", "agentlightning.server", f"port={port}", "host=127.0.0.1",
+               f"default_proxy.model_name={model}", f"hydra.run.dir={workdir}", "hydra.output_subdir=null"]  # fmt: skip
+        log = Path(workdir) / "server.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while not _healthy(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    sys.exit(f"the Agent Lightning server did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 def _healthy(url: str) -> bool:
