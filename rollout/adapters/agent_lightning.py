@@ -20,8 +20,9 @@ transition is one-way), the events are the last attempt's (AGL's retries are att
 rollout), and the trajectory id is derived from the rollout id, so a replay adds nothing.
 The cursor is saved in the catalog only after the page it covers is committed to the lake; a
 poller killed in between replays that page and skips what is stored. The server's store is
-lost when it restarts: a cursor past the log's end, or one whose last rollout moved, starts
-the log again from 0 (stored rollouts are skipped).
+lost when it restarts: every page is read from the last rollout taken, and a log shorter than
+the cursor, or another rollout at its place, starts the log again from 0 (stored rollouts are
+skipped by id).
 
 Token ids and logprobs are stored exactly as the engine returned them. A call without token
 ids is stored as a turn with no tokens, its text in the turn's attributes and
@@ -383,34 +384,30 @@ class AglPoller:
         self.run_id, self.config = run_id, config
         self.cursor_key = f"{SOURCE}:{client.url}"
         self.session = ImportSession(lake, run_id, SOURCE, batch=config.page_size)
-        self.position = self._resume()
+        saved = catalog.source_cursor(run_id, self.cursor_key)
+        self.position: int = saved[0] if saved is not None else 0
+        self.last_key: str | None = saved[1] if saved is not None else None
 
-    def _resume(self) -> int:
-        """Where the saved cursor is still valid, that position; 0 when the server's log was reset."""
-        saved = self.catalog.source_cursor(self.run_id, self.cursor_key)
-        if saved is None:
-            return 0
-        position, last_key = saved
-        page = self.client.terminal_page(max(position - 1, 0), 1)
-        moved = (
-            last_key is not None and position > 0 and [i["rollout_id"] for i in page["items"]] != [last_key]
-        )
-        if page["total_terminal"] < position or moved:
-            # the server restarted (its store is in memory): read its new log from the start
-            self.session.report.warnings.append(
-                f"the server's log no longer matches the saved cursor ({position}); reading it from 0"
-            )
-            return 0
-        return position
+    def _restart_log(self, why: str) -> None:
+        # the server's store is in memory: after a restart its log starts again, and the ids of
+        # what is already stored make reading it from 0 safe
+        self.session.report.warnings.append(f"{why} (the server restarted?); reading its log from 0")
+        self.position, self.last_key = 0, None
 
     def poll_once(self, on_rollout: Callable[[AglRollout], None] | None = None) -> bool:
         """Import one page; return True when the poller has caught up with the log."""
-        page = self.client.terminal_page(self.position, self.config.page_size)
-        if page["total_terminal"] < self.position:  # the server restarted while we followed it
-            self.session.report.warnings.append("the server's log shrank (it restarted); reading it from 0")
-            self.position = 0
+        # read from the last rollout taken: if another one is there now, the log was reset
+        start = self.position - 1 if self.last_key is not None and self.position > 0 else self.position
+        page = self.client.terminal_page(start, self.config.page_size + (self.position - start))
+        items, total, next_after = page["items"], int(page["total_terminal"]), int(page["next_after"])
+        if total < self.position:
+            self._restart_log(f"the log has {total} rollouts, fewer than the saved cursor {self.position}")
             return False
-        items = page["items"]
+        if start < self.position:
+            if not items or items[0]["rollout_id"] != self.last_key:
+                self._restart_log(f"rollout {self.last_key} is no longer at position {start}")
+                return False
+            items = items[1:]
         for item in items:
             rollout = self.client.rollout(item["rollout_id"])
             if rollout is None:
@@ -419,14 +416,14 @@ class AglPoller:
             if on_rollout is not None:
                 on_rollout(rollout)
         self.session.drain()  # committed to the lake first, then the cursor: a crash in between replays
-        next_after = int(page["next_after"])
-        if next_after != self.position:
-            # when the server deleted a listed rollout, the last item is not the one at next_after - 1
-            whole = len(items) == next_after - self.position
-            last_key = items[-1]["rollout_id"] if items and whole else None
-            self.catalog.save_source_cursor(self.run_id, self.cursor_key, next_after, last_key)
+        if next_after > self.position:
+            # a rollout deleted from the server is skipped in `items`: then the last item is not the
+            # one at next_after - 1, and the next poll cannot check continuity (it reads on)
+            whole = len(page["items"]) == next_after - start
+            self.last_key = items[-1]["rollout_id"] if items and whole else None
             self.position = next_after
-        return next_after >= int(page["total_terminal"])
+            self.catalog.save_source_cursor(self.run_id, self.cursor_key, self.position, self.last_key)
+        return next_after >= total
 
     def run(
         self,

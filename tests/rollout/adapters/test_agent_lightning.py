@@ -321,7 +321,7 @@ def test_after_the_server_restarts_its_new_log_is_read_from_the_start(tmp_path, 
         fake.finish(rid)
     report = import_agent_lightning(lake, config, RUN)
     assert (report.trajectories, report.skipped_existing) == (3, 1)
-    assert any("reading it from 0" in w for w in report.warnings)
+    assert any("reading its log from 0" in w for w in report.warnings)
     lake.close()
     turns = stored_turns(tmp_path / "lake")
     assert sorted(turns) == ["a", "b", "c", "d", "e", "f"] and all(len(t) == 1 for t in turns.values())
@@ -339,3 +339,26 @@ def test_the_example_writes_its_rollouts_into_the_lake(agl_venv, vllm_server, tm
     assert done.returncode == 0, done.stderr
     assert "3 rollouts through Agent Lightning" in done.stdout and "imported 3 trajectories" in done.stdout
     assert len(stored_trajectories(tmp_path / "lake")) == 3
+
+
+def test_a_follower_notices_a_restart_even_when_the_new_log_is_longer(tmp_path):
+    from trajlake.rollout.adapters.agent_lightning import AglPoller
+
+    fake = FakeAgl()
+    config = AgentLightningSettings(server="http://agl.test", page_size=10, follow=True)
+    lake = Lake(tmp_path / "lake")
+    catalog = Catalog.for_lake(lake.root)
+    follower = AglPoller(lake, catalog, AglClient(config, transport=fake.transport()), RUN, config)
+    fake.finish("a")
+    fake.finish("b")
+    assert follower.poll_once() is True
+    fake.restart()
+    for rid in ("c", "d", "e", "f"):  # more than the cursor (2) before the follower looks again
+        fake.finish(rid)
+    while not follower.poll_once():
+        pass
+    report = follower.session.close()
+    catalog.close()
+    lake.close()
+    assert report.trajectories == 6
+    assert sorted(stored_turns(tmp_path / "lake")) == ["a", "b", "c", "d", "e", "f"]
