@@ -1,4 +1,4 @@
-"""CLI commands of the rollout toolkit: `import harbor`, `import skyrl`, `doctor`, `loadgen`."""
+"""CLI commands of the rollout toolkit: `import harbor|skyrl|agent-lightning`, `doctor`, `loadgen`."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import json
 import sys
 
 from trajlake.ingest.config import KafkaConfig
-from trajlake.rollout.config import DoctorSettings, ImportSettings, LoadgenConfig
+from trajlake.rollout.config import AgentLightningSettings, DoctorSettings, ImportSettings, LoadgenConfig
 from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import FormatSettings, KafkaSwitch, LakeSettings, RunSettings, add_settings
+from trajlake.store.config import CatalogSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the rollout toolkit's commands."""
-    p = subparsers.add_parser("import", help="import other tools' rollouts (Harbor, SkyRL) into the lake")
+    p = subparsers.add_parser(
+        "import", help="import other tools' rollouts (Harbor, SkyRL, Agent Lightning) into the lake"
+    )
     sources = p.add_subparsers(dest="source", metavar="SOURCE", required=True)
 
     h = sources.add_parser("harbor", help="a Harbor job directory: one trajectory per trial")
@@ -28,6 +31,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("files", metavar="FILE", nargs="+", help="dump files")
     _common_import_options(s)
     s.set_defaults(handler=run_import_skyrl)
+
+    a = sources.add_parser(
+        "agent-lightning",
+        help="an Agent Lightning 1.0 server: each finished rollout once, resumable (--follow: live)",
+    )
+    add_settings(a, AgentLightningSettings, help={"server": "Agent Lightning server root"})
+    add_settings(
+        a, CatalogSettings, help={"catalog_url": "catalog that keeps the cursor; unset: SQLite in the lake"}
+    )
+    _common_import_options(a)
+    a.set_defaults(handler=run_import_agent_lightning)
 
     d = subparsers.add_parser(
         "doctor", help="dry-run health report: system vs model failures, tools, nudges, drift"
@@ -97,6 +111,27 @@ def run_import_skyrl(args: argparse.Namespace) -> int:
             report = import_skyrl(Lake(args.lake), args.files, args.run_id, progress=progress)
     except ImportFormatError as err:
         raise CliError(str(err)) from None
+    return _print_report(report, args.json)
+
+
+def run_import_agent_lightning(args: argparse.Namespace) -> int:
+    from trajlake.rollout.adapters.agent_lightning import AgentLightningError, import_agent_lightning
+    from trajlake.schemas.terminal import Progress
+    from trajlake.store.lake import Lake
+
+    try:
+        with Progress(None, "agent-lightning rollouts", unit="rollouts") as progress:
+            report = import_agent_lightning(
+                Lake(args.lake),
+                args.AgentLightningSettings,
+                args.run_id,
+                catalog_url=args.catalog_url,
+                on_rollout=lambda _: progress.update(1),
+            )
+    except AgentLightningError as err:
+        raise CliError(str(err)) from None
+    except KeyboardInterrupt:  # --follow ends here; every page before this one is committed
+        return 130
     return _print_report(report, args.json)
 
 

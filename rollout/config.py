@@ -185,3 +185,23 @@ class DoctorSettings(Settings):
     format: Literal["text", "json"] = Field(
         "text", validation_alias="TRAJLAKE_DOCTOR_FORMAT", description="output format"
     )
+
+
+class AgentLightningSettings(Settings):
+    """`trajlake import agent-lightning`: the server to poll and how (env TRAJLAKE_AGL_<FIELD>)."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_AGL_")
+
+    server: str = Field(
+        ..., min_length=1, description="Agent Lightning server root, e.g. http://127.0.0.1:8080"
+    )
+    key: str | None = Field(None, description="the server's API key (its `key` setting), if it has one")
+    follow: bool = Field(
+        False,
+        description="keep polling for newly finished rollouts until interrupted (default: stop when caught up)",
+    )
+    poll_interval_s: float = Field(
+        1.0, gt=0, le=3600, description="wait between polls once caught up (--follow)"
+    )
+    page_size: int = Field(100, ge=1, le=1000, description="terminal rollouts read (and committed) per page")
+    timeout_s: float = Field(30.0, gt=0, description="time for one request to the server")

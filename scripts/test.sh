@@ -20,6 +20,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >&2
 fi
 
+# one venv per RL framework whose adapter tests run its real server (scripts/frameworks.toml):
+# built once, then cached outside the checkout like the project's venv
+for framework in $(python3 -c 'import tomllib; print(*tomllib.load(open("scripts/frameworks.toml", "rb")))'); do
+  scripts/framework-venv.sh "$framework" >/dev/null
+done
+
 state=$(mktemp -d "${TMPDIR:-/tmp}/trajlake-test.XXXXXX")
 chmod 755 "$state"
 cleanup() { scripts/services.sh down "$venv" "$state" || true; rm -rf "$state"; }

@@ -1,4 +1,4 @@
-"""The SQL catalog: runs, policy versions and sampler leases (SQLite by default, PostgreSQL by URL).
+"""The SQL catalog: runs, policy versions, sampler leases and import cursors (SQLite by default, PostgreSQL by URL).
 
 Leases are what keep several trainer ranks, in separate processes, from taking the same
 trajectory: a rank claims trajectory ids in one atomic statement,
@@ -96,6 +96,17 @@ class SamplerLease(Base):
     consumed_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
 
+class SourceCursor(Base):
+    """How far a poller has imported an external log (e.g. Agent Lightning's terminal rollouts)."""
+
+    __tablename__ = "source_cursors"
+    run_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    source: Mapped[str] = mapped_column(String(500), primary_key=True)
+    position: Mapped[int] = mapped_column(BigInteger)
+    last_key: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
 def default_url(lake_root: str | Path) -> str:
     """The embedded catalog of a lake: `sqlite:///<lake>/catalog.db`."""
     return f"sqlite:///{Path(lake_root).resolve() / 'catalog.db'}"
@@ -150,7 +161,7 @@ def upgrade(engine: Engine) -> None:
 
 
 class Catalog:
-    """Runs, policy versions and sampler leases in one SQL database."""
+    """Runs, policy versions, sampler leases and import cursors in one SQL database."""
 
     def __init__(
         self,
@@ -232,6 +243,26 @@ class Catalog:
             if row is None:
                 return None
             return {"version": row.version, "step": row.step, "checkpoint": row.checkpoint}
+
+    # -- import cursors -------------------------------------------------------------------
+    def source_cursor(self, run_id: str, source: str) -> tuple[int, str | None] | None:
+        """(position, key of the last record taken) of `source` for `run_id`; None before the first save."""
+        with Session(self.engine) as session:
+            row = session.get(SourceCursor, (run_id, source))
+            return None if row is None else (row.position, row.last_key)
+
+    def save_source_cursor(self, run_id: str, source: str, position: int, last_key: str | None) -> None:
+        """Store (or move) the cursor; call it only once what it covers is committed to the lake."""
+        with Session(self.engine) as session, session.begin():
+            session.merge(
+                SourceCursor(
+                    run_id=run_id,
+                    source=source,
+                    position=position,
+                    last_key=last_key,
+                    updated_at=self.clock(),
+                )
+            )
 
     # -- leases ---------------------------------------------------------------------------
     def claim(

@@ -19,6 +19,7 @@ pytest_plugins = [
         "tests.fixtures.kafka",
         "tests.fixtures.s3",
         "tests.fixtures.vllm",
+        "tests.fixtures.agent_lightning",
     )
     if (Path(__file__).parent / "fixtures" / (name.rsplit(".", 1)[1] + ".py")).exists()
 ]

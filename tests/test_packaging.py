@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NOT_PACKAGED = {"tests", "bench", "scripts", "docs", "docker", "build", "dist"}
+NOT_PACKAGED = {"tests", "bench", "scripts", "docs", "docker", "examples", "build", "dist"}
 
 
 @pytest.mark.integration  # builds the wheel in a process

@@ -51,8 +51,14 @@ class ImportSession:
     ) -> None:
         self.lake = lake
         self.bus = InProcessBus(topic=f"import-{source}")
+        # one bus message per trajectory: it lands in one lake commit, so an import killed
+        # between commits never leaves half a trajectory that a rerun would take as imported
         self.recorder = Recorder(
-            self.bus, run_id, producer_id=f"trajlake-import-{source}", vocab_size=vocab_size
+            self.bus,
+            run_id,
+            producer_id=f"trajlake-import-{source}",
+            vocab_size=vocab_size,
+            flush_each_turn=False,
         )
         self.report = ImportReport(source=source, run_id=run_id)
         self.batch = batch
@@ -60,12 +66,14 @@ class ImportSession:
         self._existing = self._existing_ids(run_id)
 
     def _existing_ids(self, run_id: str) -> set[str]:
-        if not self.lake.exists("trajectories"):
+        # from `events`, not the `trajectories` projection: an import killed after an events
+        # commit and before the projection caught up has stored trajectories the projection lacks
+        if not self.lake.exists("events"):
             return set()
         rows = self.lake.read(
-            "trajectories",
+            "events",
             columns=["trajectory_id"],
-            where="run_id = $run",
+            where="run_id = $run and event_type = 'trajectory_started'",
             params={"run": run_id},
         )
         return set(rows.column("trajectory_id").to_pylist())
@@ -77,8 +85,10 @@ class ImportSession:
             return True
         return False
 
-    def done_one(self) -> None:
-        """Count a recorded trajectory; drain into the lake every `batch` of them."""
+    def done_one(self, trajectory_id: str | None = None) -> None:
+        """Count a recorded trajectory (remembered, when its id is given); drain every `batch` of them."""
+        if trajectory_id is not None:  # a source that replays records within one session skips it
+            self._existing.add(trajectory_id)
         self.report.trajectories += 1
         self._since_drain += 1
         if self._since_drain >= self.batch:

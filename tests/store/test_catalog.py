@@ -36,9 +36,9 @@ def test_opening_migrates_to_head_and_reopening_is_a_no_op(catalog_url):
     first.close()
     second = Catalog(catalog_url)
     tables = set(inspect(second.engine).get_table_names())
-    assert {"runs", "policy_versions", "sampler_leases", "alembic_version"} <= tables
+    assert {"runs", "policy_versions", "sampler_leases", "source_cursors", "alembic_version"} <= tables
     with second.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar_one() == "0001"
+        assert conn.execute(text("select version_num from alembic_version")).scalar_one() == "0002"
     assert second.get_run("r1")["config"] == {"lr": 0.1}
     second.close()
 
@@ -112,3 +112,16 @@ def test_processes_racing_for_the_same_ids_never_share_one(catalog_url):
         results.append(json.loads(out))
     claimed = [tid for won in results for tid in won]
     assert len(claimed) == len(set(claimed)) == 300
+
+
+def test_a_source_cursor_survives_reopening_the_catalog(catalog_url):
+    first = Catalog(catalog_url)
+    assert first.source_cursor("r", "agent-lightning:http://agl") is None
+    first.save_source_cursor("r", "agent-lightning:http://agl", 3, "rollout-3")
+    first.save_source_cursor("r", "agent-lightning:http://agl", 5, "rollout-5")
+    first.save_source_cursor("other-run", "agent-lightning:http://agl", 1, "rollout-1")
+    first.close()
+    second = Catalog(catalog_url)
+    assert second.source_cursor("r", "agent-lightning:http://agl") == (5, "rollout-5")
+    assert second.source_cursor("other-run", "agent-lightning:http://agl") == (1, "rollout-1")
+    second.close()
