@@ -2,7 +2,7 @@
 VENV := $(shell scripts/venv.sh 2>/dev/null)
 PY := $(VENV)/bin/python
 
-.PHONY: help dev lint format test bench demo typecheck
+.PHONY: help dev lint format test unit bench demo typecheck
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -21,6 +21,9 @@ format:  ## apply ruff's fixes and formatting
 
 test:  ## the README's test command: services + the whole suite
 	scripts/test.sh
+
+unit:  ## the unit tests alone (no servers), on every core
+	$(VENV)/bin/pytest -m "not integration" -n auto
 
 bench:  ## every benchmark in quick mode, figures under bench/results/
 	@mkdir -p bench/results
