@@ -174,15 +174,15 @@ def test_trajectory_browser_shades_tokens_in_chromium(dashboard, browser, artifa
     browser.save_screenshot(str(artifacts / "browser-tokens.png"))
 
 
-def test_the_latency_pages_link_opens_the_slowest_trajectory_in_the_browser(dash_lake, dashboard, browser):
+def test_the_latency_pages_link_opens_the_slowest_trajectory_in_the_browser(two_runs_lake, dashboard, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     from trajlake.dashboards.metrics import slowest_trajectories
     from trajlake.dashboards.views.latency import browser_link
 
-    slowest = slowest_trajectories(dash_lake, "dash-run", limit=1).column("trajectory_id")[0].as_py()
-    browser.get(f"{dashboard}/{browser_link('dash-run', slowest)}")
+    slowest = slowest_trajectories(two_runs_lake, RUN_ID, limit=1).column("trajectory_id")[0].as_py()
+    browser.get(f"{dashboard}/{browser_link(RUN_ID, slowest)}")
     wait = WebDriverWait(browser, READY_S)
     wait.until(
         lambda d: any(h.text == f"Trajectory {slowest}" for h in d.find_elements(By.CSS_SELECTOR, "h3"))
