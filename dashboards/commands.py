@@ -157,6 +157,8 @@ def run_metrics(args: argparse.Namespace) -> int:
     rows = [[v.get(c) for c in TABLE_COLUMNS] for v in report["versions"]]
     write_table(TABLE_COLUMNS, rows, sys.stdout, args.format, max_width=args.max_width, float_format=".4f")
     if args.format == "table":
+        if report["zero_signal_groups"]:
+            print(zero_signal_line(report["zero_signal_groups"]))
         passk = "  ".join(f"pass@{k}={v:.4f}" for k, v in report["pass_at_k"].items())
         print(f"run {report['run_id']}: {passk or 'no scored trajectories'}")
     return 0
@@ -184,3 +186,14 @@ def print_comparison(lake: Any, args: argparse.Namespace) -> int:
                 f"run {run['run_id']}: {shown or 'no scored trajectories'}, {run['trainer_steps']} trainer steps"
             )
     return 0
+
+
+def zero_signal_line(steps: list[dict[str, Any]]) -> str:
+    """One line on the trainer steps' zero-signal groups: over the run, and at the latest step."""
+    zero, groups = sum(r["n_zero_signal_groups"] for r in steps), sum(r["n_groups"] for r in steps)
+    last = steps[-1]
+    return (
+        f"zero-signal groups (all rewards equal): {zero} of {groups} consumed ({zero / groups:.1%}) "
+        f"over {len(steps)} steps; step {last['step']}: {last['n_zero_signal_groups']} of {last['n_groups']} "
+        "(per step: --format json)"
+    )

@@ -304,6 +304,27 @@ def staleness_distribution(lake: Any, run_id: str) -> pa.Table:
     )
 
 
+def zero_signal_groups(lake: Any, run_id: str) -> pa.Table:
+    """Per trainer step: the prompt groups it consumed, and those with zero signal.
+
+    A group has zero signal when all its consumed trajectories got the same reward: every
+    advantage is 0 under GRPO, Dr. GRPO and RLOO, so the step spent compute on it for no
+    gradient. Rewards come from `trajectories`, so trainers that record no advantages count too.
+    """
+    return query(
+        lake,
+        f"""SELECT step, count(*) AS n_groups, count(*) FILTER (WHERE zero_signal) AS n_zero_signal_groups,
+                   count(*) FILTER (WHERE zero_signal) / count(*) AS zero_signal_share
+            FROM (SELECT b.step, coalesce(t.group_id, b.trajectory_id) AS group_id,
+                         min(t.reward) = max(t.reward) AS zero_signal
+                  FROM batch_consumption b
+                  JOIN {TRAJECTORIES} t ON t.run_id = b.run_id AND t.trajectory_id = b.trajectory_id
+                  WHERE b.run_id = $run GROUP BY ALL)
+            GROUP BY step ORDER BY step""",
+        run=run_id,
+    )
+
+
 CATEGORIES = {
     "difficulty": ["easy (>75% pass)", "medium", "hard (<25% pass)", "unscored"],
     "length": ["01-02 turns", "03-05 turns", "06-10 turns", "11-20 turns", "21+ turns"],
@@ -475,4 +496,5 @@ def metrics_report(
         "logprob_mismatch": rows(logprob_mismatch(lake, run_id)),
         "staleness": rows(staleness_distribution(lake, run_id)),
         "slowest_trajectories": rows(slowest_trajectories(lake, run_id, limit=10)),
+        "zero_signal_groups": rows(zero_signal_groups(lake, run_id)),
     }

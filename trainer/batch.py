@@ -76,6 +76,9 @@ class Batch:
     samples: list[TrajectorySample]
     micro_batches: list[list[int]]
     stats: SamplerStats = field(default_factory=SamplerStats)
+    advantages: list[float] | None = None
+    """Each sample's advantage as the step that trained on the batch computed it (sample order);
+    None until a step ran. `Sampler.commit` keeps them in `batch_consumption.advantage`."""
 
     @property
     def trajectory_ids(self) -> list[str]:

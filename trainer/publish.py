@@ -28,14 +28,19 @@ def publish_batch_consumed(
     trainer_version: int,
     trajectory_ids: Sequence[str],
     staleness: Sequence[int],
+    advantages: Sequence[float] | None = None,
 ) -> None:
-    """Record which trajectories a step used, at which trainer version, with their staleness."""
+    """Record which trajectories a step used, at which trainer version, with their staleness
+    and (when the step computed them) their advantages."""
     if recorder is not None:
-        recorder.batch_consumed(step, trainer_version, list(trajectory_ids), list(staleness))
+        recorder.batch_consumed(step, trainer_version, list(trajectory_ids), list(staleness), advantages)
         return
+    if advantages is not None and len(advantages) != len(trajectory_ids):
+        raise ValueError(f"{len(advantages)} advantages for {len(trajectory_ids)} consumed trajectories")
     _append(
         lake, "batch_consumed", run_id, producer_id, step=step, trainer_version=trainer_version,
         consumed_trajectory_ids=list(trajectory_ids), consumed_staleness=list(staleness),
+        consumed_advantages=None if advantages is None else [float(a) for a in advantages],
     )  # fmt: skip
 
 

@@ -9,8 +9,9 @@ catalog (a group another rank got first is skipped). Only then does it fetch the
 payloads of the claimed trajectories and pack them into micro-batches.
 
 A batch is handed out under a lease; `commit(batch)` (after the step that used it)
-marks it consumed and records it in `batch_consumption` (a `batch_consumed` event). If
-a rank dies before committing, its leases expire and the trajectories come back.
+marks it consumed and records it in `batch_consumption` (a `batch_consumed` event), with
+the advantage the step computed for each trajectory. If a rank dies before committing,
+its leases expire and the trajectories come back.
 """
 
 from __future__ import annotations
@@ -288,6 +289,8 @@ class Sampler:
     def commit(self, batch: Batch) -> list[str]:
         """Mark a used batch consumed and record it in `batch_consumption`; return the ids committed.
 
+        The record holds each trajectory's advantage when a step set `batch.advantages`.
+
         Raises `LeaseLostError` (after committing the rest) if a lease had expired and
         another rank took some of the batch: raise `lease_ttl_s` above the step time.
         """
@@ -307,9 +310,13 @@ class Sampler:
         return [s.trajectory_id for s in samples]
 
     def _record(self, batch: Batch, samples: list[TrajectorySample]) -> None:
+        advantages = None
+        if batch.advantages is not None:  # a step trained on the batch: keep what it computed
+            by_id = dict(zip(batch.trajectory_ids, batch.advantages, strict=True))
+            advantages = [by_id[s.trajectory_id] for s in samples]
         publish_batch_consumed(
             self.lake, self.recorder, self.config.run_id, self.owner, batch.step, batch.trainer_version,
-            [s.trajectory_id for s in samples], [s.staleness for s in samples],
+            [s.trajectory_id for s in samples], [s.staleness for s in samples], advantages,
         )  # fmt: skip
 
     def release(self, batch: Batch) -> int:

@@ -45,6 +45,7 @@ def policy_step(
     """Forward, backward and (with an optimizer) update on `batch`; return the step's metrics.
 
     Without an optimizer the gradients are computed (for the grad norm) but not applied.
+    Sets `batch.advantages` to the advantages the step used, for the commit to record.
     """
     return _step(model, optimizer, batch, [config], fold_vocab)[0]
 
@@ -90,6 +91,8 @@ def _step(
     rewards = torch.from_numpy(batch.rewards())
     counts = torch.tensor([int(s.loss_mask[1:].sum()) for s in batch.samples], dtype=torch.float64)
     advantages = [losses.compute_advantages(c.advantage, rewards, prompt_index) for c in configs]
+    if len(configs) == 1:  # what this step trains with; the commit after it records them
+        batch.advantages = advantages[0].tolist()
     seq_weights = [losses.sequence_weights(counts, prompt_index, c.aggregation) for c in configs]
     tallies = [_Tally() for _ in configs]
     separate = len(configs) > 1

@@ -1,7 +1,9 @@
-"""Async health: staleness at consumption, buffer composition, logprob mismatch, ingest lag."""
+"""Async health: staleness at consumption, zero-signal groups per step, buffer composition,
+logprob mismatch, ingest lag."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import streamlit as st
 
 from trajlake.dashboards.metrics import CATEGORIES, MISMATCH_THRESHOLD
@@ -11,6 +13,49 @@ from trajlake.dashboards.views.common import PageContext, area, bars, empty_stat
 def mismatch_text(value: float) -> str:
     """A mismatch as a figure: 4 decimals, or scientific below 1e-3 (float32 engines sit near 1e-7)."""
     return f"{value:.4f}" if value == 0 or value >= 1e-3 else f"{value:.2e}"
+
+
+SIGNAL = ["zero signal (all rewards equal)", "with signal"]
+"""How the zero-signal chart splits each step's consumed groups, in colour order."""
+
+
+def signal_split(table: pa.Table) -> pa.Table:
+    """`zero_signal_groups` in long form: per step, groups with and without signal (for stacked bars)."""
+    steps, zero, total = (table.column(c).to_pylist() for c in ("step", "n_zero_signal_groups", "n_groups"))
+    return pa.table(
+        {
+            "step": steps + steps,
+            "signal": [SIGNAL[0]] * len(steps) + [SIGNAL[1]] * len(steps),
+            "n_groups": zero + [t - z for t, z in zip(total, zero, strict=True)],
+        }
+    )
+
+
+def render_zero_signal(ctx: PageContext) -> None:
+    """The consumed groups per trainer step whose rewards were all equal: compute for no gradient."""
+    st.subheader("Zero-signal groups")
+    table = ctx.metric("zero_signal_groups", ctx.run_id)
+    steps = table.to_pylist()
+    zero, groups = sum(r["n_zero_signal_groups"] for r in steps), sum(r["n_groups"] for r in steps)
+    cols = st.columns(2)
+    cols[0].metric(
+        "Zero-signal groups (latest step)",
+        f"{steps[-1]['n_zero_signal_groups']} of {steps[-1]['n_groups']}" if steps else "–",
+        help="consumed prompt groups whose rewards were all equal: every advantage is 0, no gradient",
+    )
+    cols[1].metric("Zero-signal share (whole run)", f"{zero / groups:.1%}" if groups else "–")
+    if table.num_rows:
+        bars(
+            signal_split(table),
+            "step",
+            "n_groups",
+            "Consumed groups per trainer step, zero signal vs with signal",
+            color="signal",
+            x_type="O",
+            domain=SIGNAL,
+        )
+    else:
+        empty_state("consumed batches", "Each trainer step's groups show here once it commits its batch.")
 
 
 def render(ctx: PageContext) -> None:
@@ -68,6 +113,7 @@ def render(ctx: PageContext) -> None:
             empty_state(
                 "trainer steps", "The trainer reports the logprob mismatch per step in `trainer_steps`."
             )
+    render_zero_signal(ctx)
     st.subheader("Buffer composition")
     by = st.radio(
         "Split by",

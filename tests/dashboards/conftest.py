@@ -57,6 +57,34 @@ def record_trainer(lake: Lake, bus: InProcessBus, run_id: str, trajectory_ids: l
     lake.append("trainer_steps", pa.Table.from_pylist(steps, schema=TRAINER_STEPS_SCHEMA))
 
 
+SIGNAL_RUN = "signal-run"
+ZERO_SIGNAL_PER_STEP = [0, 1, 3]
+"""Of the 3 groups of 2 samples each step consumes, how many got equal rewards (1 and 1, or 0 and 0)."""
+
+
+def build_signal_lake(root: Path) -> Lake:
+    """A run whose trainer steps each consume 3 groups, ZERO_SIGNAL_PER_STEP[step] of them without signal."""
+    lake = Lake(root)
+    bus = InProcessBus(topic="signal", partitions=1)
+    recorder = Recorder(bus, SIGNAL_RUN, vocab_size=64, producer_id="rollout")
+    trainer = Recorder(bus, SIGNAL_RUN, producer_id="trainer")
+    for step, n_zero in enumerate(ZERO_SIGNAL_PER_STEP):
+        ids, advantages = [], []
+        for g in range(3):
+            rewards = [float(g % 2)] * 2 if g < n_zero else [1.0, 0.0]
+            mean = sum(rewards) / len(rewards)
+            for i, reward in enumerate(rewards):
+                traj = recorder.start(f"task-{step}-{g}", f"group-{step}-{g}", i)
+                traj.turn([5, 6], [-0.1, -0.2], step, input_token_ids=[1, 2])
+                traj.reward(reward)
+                traj.finish("completed")
+                ids.append(traj.trajectory_id)
+                advantages.append(reward - mean)  # Dr. GRPO: 0 for every sample of a zero-signal group
+        trainer.batch_consumed(step, step + 1, ids, [0] * len(ids), advantages=advantages)
+    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.2)
+    return lake
+
+
 def trajectories_in(lake) -> int:
     """What the overview counts: the run's trajectories that reached a policy version."""
     return (
@@ -97,3 +125,9 @@ def two_runs_lake(tmp_path_factory) -> Lake:
     root = tmp_path_factory.mktemp("two") / "lake"
     build_lake(root)
     return build_lake(root, trajectories=96, run_id=OTHER_RUN_ID)
+
+
+@pytest.fixture(scope="session")
+def signal_lake(tmp_path_factory) -> Lake:
+    """A run with a known number of zero-signal groups per trainer step (read-only)."""
+    return build_signal_lake(tmp_path_factory.mktemp("signal") / "lake")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -140,6 +141,22 @@ def test_async_health_shows_staleness_mismatch_and_lag(dash_lake, monkeypatch):
     assert not at.exception
 
 
+def chart_rows(at: AppTest, title: str) -> list[dict]:
+    """The data the chart titled `title` draws (Arrow IPC in the element's dataset)."""
+    chart = next(c for c in charts(at) if json.loads(c.proto.spec).get("title") == title)
+    return pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().to_pylist()
+
+
+def test_async_health_shows_the_zero_signal_groups_of_each_step(signal_lake, monkeypatch):
+    at = render(signal_lake, monkeypatch, "async")
+    assert metric(at, "Zero-signal groups (latest step)") == "3 of 3"
+    assert metric(at, "Zero-signal share (whole run)") == "44.4%"  # 4 of 9 groups
+    drawn = chart_rows(at, "Consumed groups per trainer step, zero signal vs with signal")
+    zero = {r["step"]: r["n_groups"] for r in drawn if r["signal"].startswith("zero signal")}
+    with_signal = {r["step"]: r["n_groups"] for r in drawn if r["signal"] == "with signal"}
+    assert zero == {0: 0, 1: 1, 2: 3} and with_signal == {0: 3, 1: 2, 2: 0}
+
+
 def test_trainer_pages_show_empty_states_before_the_trainer_writes(bare_lake, monkeypatch):
     at = render(bare_lake, monkeypatch, "entropy")
     assert any("No trainer steps yet" in i.value for i in at.info)
@@ -148,6 +165,7 @@ def test_trainer_pages_show_empty_states_before_the_trainer_writes(bare_lake, mo
     notes = " ".join(i.value for i in at.info)
     assert "No consumed batches yet" in notes and "No trainer steps yet" in notes
     assert metric(at, "Mean staleness") == "–"
+    assert metric(at, "Zero-signal groups (latest step)") == "–"
     assert len(charts(at)) >= 2  # arrivals and ingest lag still draw
 
 

@@ -63,6 +63,18 @@ def test_metrics_table_prints_a_line_per_version(dash_lake, capsys):
     assert lines[-1].startswith(f"run {RUN}: pass@1=")
 
 
+def test_metrics_show_zero_signal_groups_per_trainer_step(signal_lake, capsys):
+    assert main(["metrics", "--lake", signal_lake.root, "--run", "signal-run", "--format", "json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["zero_signal_groups"]
+    counted = [(s["step"], s["n_groups"], s["n_zero_signal_groups"]) for s in steps]
+    assert counted == [(0, 3, 0), (1, 3, 1), (2, 3, 3)]
+    assert main(["metrics", "--lake", signal_lake.root, "--run", "signal-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].startswith(
+        "zero-signal groups (all rewards equal): 4 of 9 consumed (44.4%) over 3 steps; step 2: 3 of 3"
+    )
+
+
 def test_metrics_csv_has_a_row_per_version(dash_lake, capsys):
     assert main(["metrics", "--lake", dash_lake.root, "--run", RUN, "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))

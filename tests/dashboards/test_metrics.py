@@ -13,6 +13,8 @@ from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 
 RUN = "dash-run"
+SIGNAL_RUN = "signal-run"
+ZERO_SIGNAL_PER_STEP = [0, 1, 3]  # as tests/dashboards/conftest.py records them
 
 
 def test_version_range_limits_every_figure_to_those_versions(dash_lake):
@@ -81,6 +83,28 @@ def test_buffer_composition_counts_each_arrival_and_each_consumed_trajectory_onc
         consumed = metrics.buffer_composition(dash_lake, RUN, by, "consumption")
         assert sorted(set(consumed.column("step").to_pylist())) == [0, 1, 2]
         assert sum(consumed.column("n_trajectories").to_pylist()) == 48
+
+
+def test_zero_signal_groups_are_counted_per_trainer_step(signal_lake):
+    counted = metrics.zero_signal_groups(signal_lake, SIGNAL_RUN).to_pylist()
+    assert [(r["step"], r["n_groups"], r["n_zero_signal_groups"]) for r in counted] == [
+        (step, 3, n) for step, n in enumerate(ZERO_SIGNAL_PER_STEP)
+    ]
+    assert [r["zero_signal_share"] for r in counted] == pytest.approx([n / 3 for n in ZERO_SIGNAL_PER_STEP])
+    # the same groups, found from the advantages the trainer kept: all of them 0
+    by_advantage = signal_lake.sql(
+        """select step, count(*) filter (where zero) as n from (
+               select b.step, t.group_id, max(abs(b.advantage)) = 0 as zero
+               from batch_consumption b join trajectories t using (run_id, trajectory_id)
+               where b.run_id = $run group by all)
+           group by step order by step""",
+        {"run": SIGNAL_RUN},
+    )
+    assert by_advantage.column("n").to_pylist() == ZERO_SIGNAL_PER_STEP
+
+
+def test_a_run_without_consumed_batches_has_no_zero_signal_steps(bare_lake):
+    assert metrics.zero_signal_groups(bare_lake, RUN).num_rows == 0
 
 
 def test_browser_turns_hold_the_tokens_of_the_trajectory_view(dash_lake):

@@ -89,6 +89,34 @@ def test_a_short_demo_learns_and_fills_every_table(short_demo):
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.parametrize("run_id", ["short", "short-overfit"])
+def test_every_consumed_trajectory_keeps_the_advantage_the_trainer_computed(short_demo, run_id):
+    import torch
+
+    from trajlake.dashboards import metrics
+    from trajlake.trainer.losses import compute_advantages
+
+    _, _, lake = short_demo
+    rows = lake.sql(
+        """select b.step, b.advantage, t.group_id, t.reward from batch_consumption b
+           join trajectories t using (run_id, trajectory_id) where b.run_id = $run order by b.step""",
+        {"run": run_id},
+    ).to_pylist()
+    assert rows and all(r["advantage"] is not None for r in rows)
+    zero_signal = []
+    for step in sorted({r["step"] for r in rows}):
+        mine = [r for r in rows if r["step"] == step]
+        groups = sorted({r["group_id"] for r in mine})
+        index = torch.tensor([groups.index(r["group_id"]) for r in mine])
+        expected = compute_advantages("drgrpo", torch.tensor([r["reward"] for r in mine]), index)
+        assert [r["advantage"] for r in mine] == pytest.approx(expected.tolist(), abs=1e-6)
+        zero_signal.append(sum(all(r["advantage"] == 0 for r in mine if r["group_id"] == g) for g in groups))
+    counted = metrics.zero_signal_groups(lake, run_id).column("n_zero_signal_groups").to_pylist()
+    assert counted == zero_signal  # the groups the figure counts are exactly those the trainer gave no signal
+
+
+@pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("page", ["overview", "entropy", "behaviour", "failures", "async", "browser", "sql"])
 def test_every_dashboard_page_shows_the_demo_run(short_demo, monkeypatch, page):
     from streamlit.testing.v1 import AppTest

@@ -10,6 +10,7 @@ import torch
 from trajlake.ingest.recorder import Recorder
 from trajlake.store.projections import catch_up
 from trajlake.trainer.config import SamplerConfig, TrainerConfig
+from trajlake.trainer.losses import compute_advantages
 from trajlake.trainer.policy import TinyPolicy
 from trajlake.trainer.reference import ReferenceTrainer
 
@@ -64,6 +65,39 @@ def test_trains_from_the_lake_and_records_every_step(lake, bus, drain, config):
     versions = lake.sql("select policy_version, checkpoint from policy_versions order by 1").to_pylist()
     assert [v["policy_version"] for v in versions] == [1, 2]
     assert TinyPolicy.load(versions[-1]["checkpoint"]).fingerprint() == trainer.policy.fingerprint()
+
+
+def expected_advantages(lake, estimator: str) -> dict[tuple[int, str], float]:
+    """What `compute_advantages` gives each consumed trajectory for the rewards of its step's groups."""
+    rows = lake.sql(
+        """select b.step, b.trajectory_id, t.group_id, t.reward from batch_consumption b
+           join trajectories t using (run_id, trajectory_id) order by b.step, b.trajectory_id"""
+    ).to_pylist()
+    expected = {}
+    for step in sorted({r["step"] for r in rows}):
+        mine = [r for r in rows if r["step"] == step]
+        groups = sorted({r["group_id"] for r in mine})
+        rewards = torch.tensor([r["reward"] for r in mine])
+        index = torch.tensor([groups.index(r["group_id"]) for r in mine])
+        for r, a in zip(mine, compute_advantages(estimator, rewards, index).tolist(), strict=True):
+            expected[(step, r["trajectory_id"])] = a
+    return expected
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_every_consumed_trajectory_keeps_the_advantage_the_step_computed(lake, bus, drain, config, estimator):
+    rollouts(bus)
+    drain()
+    trainer = ReferenceTrainer(lake, config.model_copy(update={"advantage": estimator}))
+    trainer.setup()
+    trainer.train()
+    trainer.cleanup()
+    catch_up(lake)
+    kept = lake.sql("select step, trajectory_id, advantage from batch_consumption").to_pylist()
+    assert len(kept) == 16 and all(r["advantage"] is not None for r in kept)
+    assert {(r["step"], r["trajectory_id"]): r["advantage"] for r in kept} == pytest.approx(
+        expected_advantages(lake, estimator), abs=1e-6
+    )
 
 
 def test_a_new_trainer_resumes_from_the_last_checkpoint(lake, bus, drain, config):

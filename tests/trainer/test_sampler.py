@@ -193,6 +193,30 @@ def test_a_dead_ranks_lease_expires_and_its_late_commit_is_refused(lake, make_ru
     catalog.close()
 
 
+def test_a_partly_lost_batch_records_the_advantages_of_what_it_kept(lake, make_run, pair):
+    make_run(pair("a") + pair("b", rewards=(0.5, 0.0)))
+    now = [utcnow()]
+    catalog = Catalog(default_url(lake.root), clock=lambda: now[0])
+    slow = sampler(lake, catalog, groups_per_batch=2, lease_ttl_s=60)
+    batch = slow.next_batch(0, 0)
+    batch.advantages = [10.0 + i for i in range(len(batch.samples))]  # as a step would set them
+    given = dict(zip(batch.trajectory_ids, batch.advantages, strict=True))
+    now[0] += dt.timedelta(seconds=61)
+    other = sampler(lake, catalog, rank=1, groups_per_batch=1)
+    taken = other.next_batch(0, 0)
+    other.commit(taken)  # no step set advantages: recorded as null
+    with pytest.raises(LeaseLostError):
+        slow.commit(batch)
+    catalog.close()
+    catch_up(lake)
+    rows = lake.sql("select trajectory_id, advantage from batch_consumption").to_pylist()
+    kept = {r["trajectory_id"]: r["advantage"] for r in rows}
+    assert len(rows) == 4 and all(kept[t] is None for t in taken.trajectory_ids)
+    assert {t: a for t, a in kept.items() if t not in taken.trajectory_ids} == {
+        t: a for t, a in given.items() if t not in taken.trajectory_ids
+    }
+
+
 def test_micro_batches_respect_the_token_budget(lake, catalog, make_run, spec):
     specs = [spec(f"g{i // 2}", reward=float(i % 2), outputs=[[4] * (3 + 7 * i)]) for i in range(12)]
     make_run(specs)
