@@ -174,7 +174,9 @@ def test_trajectory_browser_shades_tokens_in_chromium(dashboard, browser, artifa
     browser.save_screenshot(str(artifacts / "browser-tokens.png"))
 
 
-def test_the_latency_pages_link_opens_the_slowest_trajectory_in_the_browser(two_runs_lake, dashboard, browser):
+def test_the_latency_pages_link_opens_the_slowest_trajectory_in_the_browser(
+    two_runs_lake, dashboard, browser
+):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
