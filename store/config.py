@@ -80,3 +80,91 @@ class ExportSettings(Settings):
     )
     batch_rows: int = Field(1024, ge=1, description="trajectories read and written per batch")
     rows_per_file: int = Field(100_000, ge=1, description="trajectories per output file")
+
+
+class HealthSettings(Settings):
+    """When a run's learning signals raise an alert (`trajlake doctor`, the Health page).
+
+    Every signal is judged per window of `window` trainer steps (rollout figures: policy
+    versions), against the run's own start, so the thresholds do not depend on the model's scale.
+    Env TRAJLAKE_HEALTH_<FIELD>.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_HEALTH_")
+
+    window: int = Field(5, ge=2, description="trainer steps (or policy versions) per window")
+    min_samples: int = Field(
+        20, ge=1, description="a window with fewer trajectories, tool calls or turns than this is not judged"
+    )
+    entropy_drop_per_step: float = Field(
+        0.10,
+        gt=0,
+        description="entropy collapse: a window's entropy falls faster than this share of the start per step",
+    )
+    entropy_floor: float = Field(
+        0.10,
+        gt=0,
+        lt=1,
+        description="entropy collapse: a window's mean entropy is below this share of the start",
+    )
+    mismatch_floor: float = Field(
+        0.03,
+        ge=0,
+        description="mismatch below this (mean |trainer - sampler logprob|) is healthy, however it grows",
+    )
+    mismatch_growth: float = Field(
+        2.0,
+        gt=1,
+        description="mismatch acceleration: a window's mean is this many times the previous window's",
+    )
+    reward_length_corr: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="reward-length: correlation of reward with output tokens (or turns) in a window",
+    )
+    length_growth: float = Field(
+        0.5,
+        gt=0,
+        description="reward-length: output tokens (or turns) per trajectory grew by this share since the start",
+    )
+    advantage_mean_ratio: float = Field(
+        0.5, gt=0, le=1, description="advantage drift: |mean| / mean |advantage| of a window above this"
+    )
+    advantage_std_floor: float = Field(
+        0.1,
+        gt=0,
+        lt=1,
+        description="advantage drift: a window's advantage std below this share of the start's",
+    )
+    tool_error_increase: float = Field(
+        0.15,
+        gt=0,
+        le=1,
+        description="tool-error spike: a window's error rate above the earlier rate by this much",
+    )
+    tool_error_z: float = Field(
+        4.0, gt=0, description="tool-error spike: ... and by this many binomial standard errors"
+    )
+    repetition_ngram: int = Field(4, ge=1, description="garbled output: n of the repeated n-grams")
+    max_repetition: float = Field(
+        0.5, gt=0, le=1, description="garbled output: a turn repeating more than this share of its n-grams"
+    )
+    max_nonprintable: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="garbled output: a decoded turn with more than this share of unprintable characters",
+    )
+    garbled_share: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="garbled output: alert when more than this share of a window's turns is garbled",
+    )
+    garbled_min_tokens: int = Field(
+        16, ge=2, description="garbled output: judge turns of at least this many output tokens"
+    )
+    garbled_sample: int = Field(
+        200, ge=1, description="garbled output: turns read per window (a sample; token lists are large)"
+    )

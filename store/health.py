@@ -1,0 +1,435 @@
+"""Health signals of a run: the patterns that come before a failed RL run, per window of steps.
+
+Six signals, each judged per window of `HealthSettings.window` trainer steps (figures of the
+rollouts: per window of policy versions) against the run's own start, so a threshold means the
+same for a tiny policy and a large model:
+
+- entropy collapse: the trainer's entropy (else −mean sampled logprob) falls fast or far;
+- mismatch acceleration: train/inference logprob mismatch above its healthy level and growing
+  by a factor per window;
+- reward–length: reward rising with output tokens or turns (length exploitation);
+- advantage drift: advantages no longer centred on 0, or their spread collapsing;
+- tool-error spikes: a window's tool error rate well above the run's earlier rate;
+- garbled output: turns repeating their own n-grams, or decoding to unprintable text.
+
+`diagnose_health` reads the lake (SQL with parameters only) and returns a `HealthReport` that
+`trajlake doctor` prints and the dashboard's Health page draws. An alert names the first step
+(or policy version) of the window where the signal first crossed its threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trajlake.store.config import HealthSettings
+
+OK, ALERT, NOT_RECORDED = "ok", "alert", "not recorded"
+STEP, VERSION = "step", "policy version"
+
+TRAINER_SQL = """
+select step, avg(entropy) as entropy, avg(mismatch) as mismatch
+from trainer_steps where run_id = $run group by step order by step
+"""
+
+ROLLOUT_ENTROPY_SQL = """
+select policy_version as x, -sum(sum_logprob) / nullif(sum(n_output_tokens), 0) as entropy
+from _t_turns where run_id = $run and policy_version is not null and sum_logprob is not null
+group by x order by x
+"""
+
+VERSION_STEPS_SQL = """
+select trainer_version as version, min(step) as step from trainer_steps
+where run_id = $run and trainer_version is not null group by 1
+"""
+
+REWARD_LENGTH_SQL = """
+select policy_version_min // $w * $w as start, count(*) as n, avg(reward) as reward,
+  avg(assistant_tokens) as tokens, avg(n_turns) as turns,
+  corr(reward, assistant_tokens) as corr_tokens, corr(reward, n_turns) as corr_turns
+from _t_trajectories
+where run_id = $run and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
+  and policy_version_min is not null
+group by start order by start
+"""
+
+ADVANTAGE_SQL = """
+select step // $w * $w as start, count(*) as n, count(advantage) as n_advantages,
+  avg(advantage) as mean, avg(abs(advantage)) as abs_mean, stddev_pop(advantage) as std
+from batch_consumption where run_id = $run group by start order by start
+"""
+
+TOOL_ERRORS_SQL = """
+select t.policy_version_min // $w * $w as start, count(*) as calls,
+  count(*) filter (where not coalesce(c.ok, false)) as errors
+from tool_calls c join _t_trajectories t on t.run_id = c.run_id and t.trajectory_id = c.trajectory_id
+where c.run_id = $run and c.has_result and t.policy_version_min is not null
+group by start order by start
+"""
+
+# A sample of long-enough turns per window; their token lists are read from `events` by event id.
+GARBLED_SQL = """
+with picked as (
+  select event_id, policy_version // $w * $w as start from _t_turns
+  where run_id = $run and policy_version is not null and n_output_tokens >= $min_tokens
+  qualify row_number() over (partition by policy_version // $w order by hash(event_id)) <= $per_window
+)
+select p.start, e.output_token_ids from picked p join _t_events e on e.event_id = p.event_id
+where e.run_id = $run and e.event_type = 'turn'
+order by p.start
+"""
+
+MODEL_SQL = """
+select model from _t_trajectories where run_id = $run and model is not null
+group by model order by count(*) desc limit 1
+"""
+
+Decode = Callable[[Sequence[int]], str]
+
+
+@dataclass
+class Alert:
+    """A signal crossed its threshold: where it began (`start` on `axis`) and what was seen."""
+
+    signal: str
+    axis: str
+    start: int
+    step: int | None
+    """The trainer step: `start` itself, or on the policy-version axis the step that trained that version."""
+    message: str
+
+
+@dataclass
+class Signal:
+    """One health signal of a run: its figures per window, and its alert if it raised one."""
+
+    name: str
+    title: str
+    axis: str
+    threshold: str
+    status: str = OK
+    note: str = ""
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    alert: Alert | None = None
+
+
+@dataclass
+class HealthReport:
+    """Every signal of one run; `alerts` are the ones that fired."""
+
+    run_id: str
+    signals: list[Signal] = field(default_factory=list)
+
+    @property
+    def alerts(self) -> list[Alert]:
+        return [s.alert for s in self.signals if s.alert is not None]
+
+    def signal(self, name: str) -> Signal:
+        return next(s for s in self.signals if s.name == name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "signals": [asdict(s) for s in self.signals],
+                "alerts": [asdict(a) for a in self.alerts]}  # fmt: skip
+
+
+def diagnose_health(
+    lake: Any, run_id: str, settings: HealthSettings | None = None, tokenizer: str | None = None
+) -> HealthReport:
+    """Compute every health signal of `run_id` (read-only).
+
+    Args:
+        lake: the `Lake`.
+        run_id: the run.
+        settings: the thresholds (default: `HealthSettings()`).
+        tokenizer: a local tokenizer directory for the unprintable-text check (default: the
+            run's recorded model, when that is a local directory; else only repetition is checked).
+    """
+    s = settings or HealthSettings()
+    trainer = _rows(lake, TRAINER_SQL, run=run_id)
+    version_steps = {r["version"]: r["step"] for r in _rows(lake, VERSION_STEPS_SQL, run=run_id)}
+    steps_of = _step_namer(version_steps)
+    return HealthReport(
+        run_id,
+        [
+            entropy_collapse(lake, run_id, trainer, s, steps_of),
+            mismatch_acceleration(trainer, s),
+            reward_length(lake, run_id, s, steps_of),
+            advantage_drift(lake, run_id, s),
+            tool_error_spikes(lake, run_id, s, steps_of),
+            garbled_output(lake, run_id, s, steps_of, tokenizer),
+        ],
+    )
+
+
+def _rows(lake: Any, sql: str, **params: Any) -> list[dict[str, Any]]:
+    return lake.sql(sql, params).to_pylist()
+
+
+def _step_namer(version_steps: dict[int, int]) -> Callable[[str, int], int | None]:
+    """The trainer step at `start` on an axis: the step itself, or the step that trained a version."""
+    return lambda axis, start: start if axis == STEP else version_steps.get(start)
+
+
+def _where(axis: str, start: int, window: int, steps_of: Callable[[str, int], int | None]) -> str:
+    """'steps 15–19', or 'policy versions 15–19 (trained from step 14)'."""
+    span = f"{axis}s {start}–{start + window - 1}"
+    step = steps_of(axis, start)
+    return span if axis == STEP or step is None else f"{span} (trained from step {step})"
+
+
+def _windows(points: list[tuple[int, float]], window: int) -> dict[int, list[tuple[int, float]]]:
+    out: dict[int, list[tuple[int, float]]] = {}
+    for x, y in points:
+        out.setdefault(x // window * window, []).append((x, y))
+    return out
+
+
+def _slope(points: list[tuple[int, float]]) -> float | None:
+    """The least-squares slope of y over x (None under three points)."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else None
+
+
+def _alert(
+    sig: Signal, start: int, window: int, steps_of: Callable[[str, int], int | None], what: str
+) -> None:
+    """Mark `sig` alerted at the window starting at `start` (the first crossing wins)."""
+    if sig.alert is None:
+        where = _where(sig.axis, start, window, steps_of)
+        sig.alert = Alert(
+            sig.name, sig.axis, start, steps_of(sig.axis, start), f"{sig.title} from {where}: {what}"
+        )
+        sig.status = ALERT
+
+
+# -- the signals -------------------------------------------------------------------------------
+
+
+def entropy_collapse(
+    lake: Any, run_id: str, trainer: list[dict[str, Any]], s: HealthSettings, steps_of: Callable
+) -> Signal:
+    """Entropy falling faster than `entropy_drop_per_step` of the start per step, or below `entropy_floor`."""
+    sig = Signal("entropy_collapse", "entropy collapse", STEP,
+                 f"falls > {s.entropy_drop_per_step:.0%} of the start per step, or below {s.entropy_floor:.0%} of it")  # fmt: skip
+    points = [(r["step"], r["entropy"]) for r in trainer if r["entropy"] is not None]
+    if not points:
+        sig.axis, sig.note = VERSION, "trainer recorded no entropy: −mean logprob of sampled tokens"
+        points = [(r["x"], r["entropy"]) for r in _rows(lake, ROLLOUT_ENTROPY_SQL, run=run_id)]
+    if not points:
+        sig.status, sig.note = NOT_RECORDED, "no entropy and no sampled logprobs recorded"
+        return sig
+    base = None
+    for start, pts in sorted(_windows(points, s.window).items()):
+        mean = sum(y for _, y in pts) / len(pts)
+        base = mean if base is None else base
+        slope = _slope(pts)
+        drop = -slope / base if slope is not None and base > 0 else None
+        level = mean / base if base > 0 else None
+        sig.windows.append({"start": start, "points": len(pts), "entropy": mean, "slope": slope,
+                            "drop_per_step": drop, "of_start": level})  # fmt: skip
+        if drop is not None and drop > s.entropy_drop_per_step:
+            _alert(sig, start, s.window, steps_of, f"falling {drop:.0%} of the start ({base:.3g}) per step")
+        elif level is not None and level < s.entropy_floor:
+            _alert(
+                sig, start, s.window, steps_of, f"mean {mean:.3g} is {level:.0%} of the start ({base:.3g})"
+            )
+    return sig
+
+
+def mismatch_acceleration(trainer: list[dict[str, Any]], s: HealthSettings) -> Signal:
+    """Train/inference mismatch above `mismatch_floor` and `mismatch_growth` times the previous window's."""
+    sig = Signal("mismatch_acceleration", "mismatch acceleration", STEP,
+                 f"above {s.mismatch_floor:g} and ≥ {s.mismatch_growth:g}× the previous window")  # fmt: skip
+    points = [(r["step"], r["mismatch"]) for r in trainer if r["mismatch"] is not None]
+    if not points:
+        sig.status, sig.note = NOT_RECORDED, "the trainer recorded no train/inference mismatch"
+        return sig
+    previous = None
+    for start, pts in sorted(_windows(points, s.window).items()):
+        mean = sum(y for _, y in pts) / len(pts)
+        growth = mean / previous if previous else None
+        sig.windows.append({"start": start, "points": len(pts), "mismatch": mean, "growth": growth})
+        if growth is not None and mean > s.mismatch_floor and growth >= s.mismatch_growth:
+            what = f"mean {mean:.3g}, {growth:.1f}× the previous window's {previous:.3g}"
+            _alert(sig, start, s.window, lambda _a, x: x, what)
+        previous = mean
+    return sig
+
+
+def reward_length(lake: Any, run_id: str, s: HealthSettings, steps_of: Callable) -> Signal:
+    """Reward correlated with output tokens (or turns) while they grow and reward rises."""
+    sig = Signal("reward_length", "reward–length correlation", VERSION,
+                 f"corr ≥ {s.reward_length_corr:g} with length +{s.length_growth:.0%} since the start")  # fmt: skip
+    rows = [r for r in _rows(lake, REWARD_LENGTH_SQL, run=run_id, w=s.window) if r["n"] >= s.min_samples]
+    if not rows:
+        sig.status, sig.note = NOT_RECORDED, f"no window with {s.min_samples} scored trajectories"
+        return sig
+    base = rows[0]
+    for r in rows:
+        sig.windows.append(r)
+        if r["reward"] <= base["reward"]:
+            continue
+        for length, label in (("tokens", "output tokens"), ("turns", "turns")):
+            corr, grown = r[f"corr_{length}"], _growth(r[length], base[length])
+            if (
+                corr is not None
+                and grown is not None
+                and corr >= s.reward_length_corr
+                and grown >= s.length_growth
+            ):
+                what = (f"reward {r['reward']:.3g} (start {base['reward']:.3g}) rises with {label}: corr {corr:.2f}, "
+                        f"{label} per trajectory {r[length]:.3g} (start {base[length]:.3g})")  # fmt: skip
+                _alert(sig, r["start"], s.window, steps_of, what)
+    return sig
+
+
+def _growth(value: float | None, base: float | None) -> float | None:
+    return value / base - 1 if value is not None and base else None
+
+
+def advantage_drift(lake: Any, run_id: str, s: HealthSettings) -> Signal:
+    """Advantages no longer centred on 0 (|mean| / mean |a|), or their std collapsing from the start's."""
+    sig = Signal("advantage_drift", "advantage drift", STEP,
+                 f"|mean|/mean|a| > {s.advantage_mean_ratio:g}, or std < {s.advantage_std_floor:.0%} of the start")  # fmt: skip
+    rows = [r for r in _rows(lake, ADVANTAGE_SQL, run=run_id, w=s.window) if r["n_advantages"]]
+    if not rows:
+        sig.status, sig.note = (
+            NOT_RECORDED,
+            "the trainer recorded no advantages (batch_consumption.advantage)",
+        )
+        return sig
+    base_std = rows[0]["std"]
+    for r in rows:
+        ratio = abs(r["mean"]) / r["abs_mean"] if r["abs_mean"] else None
+        spread = r["std"] / base_std if base_std else None
+        sig.windows.append({**r, "mean_ratio": ratio, "std_of_start": spread})
+        if ratio is not None and ratio > s.advantage_mean_ratio:
+            _alert(
+                sig,
+                r["start"],
+                s.window,
+                lambda _a, x: x,
+                f"mean {r['mean']:.3g} against mean |a| {r['abs_mean']:.3g}",
+            )
+        elif spread is not None and spread < s.advantage_std_floor:
+            _alert(
+                sig,
+                r["start"],
+                s.window,
+                lambda _a, x: x,
+                f"std {r['std']:.3g}, {spread:.0%} of the start's {base_std:.3g}",
+            )
+    return sig
+
+
+def tool_error_spikes(lake: Any, run_id: str, s: HealthSettings, steps_of: Callable) -> Signal:
+    """A window's tool error rate above the rate of all earlier windows by an amount and a z-score."""
+    sig = Signal("tool_error_spike", "tool-error spike", VERSION,
+                 f"error rate +{s.tool_error_increase:g} over earlier windows and z ≥ {s.tool_error_z:g}")  # fmt: skip
+    rows = _rows(lake, TOOL_ERRORS_SQL, run=run_id, w=s.window)
+    if not rows:
+        sig.status, sig.note = NOT_RECORDED, "no tool calls with a result"
+        return sig
+    calls = errors = 0
+    for r in rows:
+        rate = r["errors"] / r["calls"]
+        earlier = errors / calls if calls else None
+        z = None
+        if earlier is not None and 0 < earlier < 1:
+            z = (rate - earlier) / math.sqrt(earlier * (1 - earlier) / r["calls"])
+        sig.windows.append({**r, "error_rate": rate, "earlier_rate": earlier, "z": z})
+        judged = earlier is not None and r["calls"] >= s.min_samples and calls >= s.min_samples
+        if judged and rate - earlier >= s.tool_error_increase and (z is None or z >= s.tool_error_z):
+            _alert(sig, r["start"], s.window, steps_of, f"error rate {rate:.0%} against {earlier:.0%} before")
+        calls, errors = calls + r["calls"], errors + r["errors"]
+    return sig
+
+
+def garbled_output(
+    lake: Any, run_id: str, s: HealthSettings, steps_of: Callable, tokenizer: str | None
+) -> Signal:
+    """The share of sampled turns that repeat their own n-grams or decode to unprintable text."""
+    sig = Signal("garbled_output", "garbled output", VERSION,
+                 f"> {s.garbled_share:.0%} of turns repeat > {s.max_repetition:.0%} of their {s.repetition_ngram}-grams"
+                 f" or are > {s.max_nonprintable:.0%} unprintable")  # fmt: skip
+    params = {
+        "run": run_id,
+        "w": s.window,
+        "min_tokens": s.garbled_min_tokens,
+        "per_window": s.garbled_sample,
+    }
+    turns = _rows(lake, GARBLED_SQL, **params)
+    if not turns:
+        sig.status, sig.note = NOT_RECORDED, f"no turns of {s.garbled_min_tokens}+ output tokens"
+        return sig
+    decode = run_decoder(lake, run_id, tokenizer)
+    sig.note = (
+        "repetition and unprintable text" if decode else "repetition only (no local tokenizer for the run)"
+    )
+    by_window: dict[int, list[tuple[float, float | None]]] = {}
+    for t in turns:
+        ids = t["output_token_ids"] or []
+        text = decode(ids) if decode else None
+        by_window.setdefault(t["start"], []).append(
+            (repetition(ids, s.repetition_ngram), None if text is None else unprintable(text))
+        )
+    for start, scores in sorted(by_window.items()):
+        bad = sum(rep > s.max_repetition or (np or 0.0) > s.max_nonprintable for rep, np in scores)
+        share = bad / len(scores)
+        nps = [np for _, np in scores if np is not None]
+        sig.windows.append({"start": start, "turns": len(scores), "garbled": bad, "share": share,
+                            "repetition": sum(r for r, _ in scores) / len(scores),
+                            "unprintable": sum(nps) / len(nps) if nps else None})  # fmt: skip
+        if len(scores) >= s.min_samples and share > s.garbled_share:
+            _alert(
+                sig, start, s.window, steps_of, f"{bad} of {len(scores)} sampled turns garbled ({share:.0%})"
+            )
+    return sig
+
+
+def repetition(ids: Sequence[int], n: int) -> float:
+    """The share of a sequence's n-grams that repeat an earlier one (0: all distinct)."""
+    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def unprintable(text: str) -> float:
+    """The share of characters that are neither printable nor whitespace (U+FFFD counts as unprintable)."""
+    if not text:
+        return 0.0
+    bad = sum(1 for c in text if c == "\ufffd" or not (c.isprintable() or c.isspace()))
+    return bad / len(text)
+
+
+def run_decoder(lake: Any, run_id: str, tokenizer: str | None) -> Decode | None:
+    """A decoder from `tokenizer` or the run's recorded model directory; None when neither loads."""
+    from trajlake.store.export_formats import load_tokenizer
+
+    rows = _rows(lake, MODEL_SQL, run=run_id)
+    path = tokenizer or (rows[0]["model"] if rows else "")
+    try:
+        return load_tokenizer(path)
+    except OSError:
+        return None
+
+
+def render_health(report: HealthReport) -> list[str]:
+    """The signals as text lines for `trajlake doctor`: one line each, then the alerts."""
+    lines = ["health signals (per window; alert where a threshold is crossed):"]
+    for sig in report.signals:
+        status = sig.status.upper() if sig.status == ALERT else sig.status
+        note = f"  ({sig.note})" if sig.note else ""
+        lines.append(f"  {sig.title:<26} {status:<13} threshold: {sig.threshold}{note}")
+    lines += [f"  ALERT {a.message}" for a in report.alerts]
+    return lines
+
+
+def health_json(report: HealthReport) -> str:
+    return json.dumps(report.as_dict(), default=str, indent=2)
