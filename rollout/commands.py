@@ -10,7 +10,7 @@ from trajlake.ingest.config import KafkaConfig
 from trajlake.rollout.config import AgentLightningSettings, DoctorSettings, ImportSettings, LoadgenConfig
 from trajlake.schemas.errors import CliError
 from trajlake.schemas.settings import FormatSettings, KafkaSwitch, LakeSettings, RunSettings, add_settings
-from trajlake.store.config import CatalogSettings
+from trajlake.store.config import CatalogSettings, HealthSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,11 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.set_defaults(handler=run_import_agent_lightning)
 
     d = subparsers.add_parser(
-        "doctor", help="dry-run health report: system vs model failures, tools, nudges, drift"
+        "doctor",
+        help="health report: system vs model failures, tools, nudges, drift, and learning-signal alerts",
     )
     add_settings(d, LakeSettings)
     add_settings(d, RunSettings, help={"run_id": "run id to check"})
     add_settings(d, DoctorSettings)
+    add_settings(d, HealthSettings)
     add_settings(d, FormatSettings, ["max_width"])
     d.set_defaults(handler=run_doctor)
 
@@ -140,7 +142,9 @@ def run_doctor(args: argparse.Namespace) -> int:
     from trajlake.schemas.terminal import table_width
     from trajlake.store.lake import Lake
 
-    report = diagnose(Lake(args.lake), args.run_id, args.max_system_error_rate)
+    report = diagnose(
+        Lake(args.lake), args.run_id, args.max_system_error_rate, args.HealthSettings, args.tokenizer
+    )
     width = table_width(sys.stdout, args.max_width)
     print(render_json(report) if args.format == "json" else render(report, width))
     if not report.totals.get("trajectories"):

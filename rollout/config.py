@@ -185,6 +185,11 @@ class DoctorSettings(Settings):
     format: Literal["text", "json"] = Field(
         "text", validation_alias="TRAJLAKE_DOCTOR_FORMAT", description="output format"
     )
+    tokenizer: str | None = Field(
+        None,
+        validation_alias="TRAJLAKE_DOCTOR_TOKENIZER",
+        description="local tokenizer directory for the garbled-text check (default: the run's recorded model)",
+    )
 
 
 class AgentLightningSettings(Settings):

@@ -4,7 +4,10 @@ Runs SQL over the lake for one run: how often trajectories fail because of the s
 versus the model (per environment), how each tool behaves (errors, timeouts, truncation,
 malformed-call retries), how often the context nudge fired, and how often TITO drift was
 seen. A system error rate above the threshold fails the check: fix the harness first,
-because system failures trained as reward 0 poison the signal.
+because system failures trained as reward 0 poison the signal. Then the learning signals
+(`trajlake.store.health`): entropy collapse, mismatch acceleration, reward–length correlation,
+advantage drift, tool-error spikes and garbled output, each an alert naming the step where it
+began; any alert fails the check too.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trajlake.store.config import HealthSettings
+from trajlake.store.health import HealthReport, diagnose_health, render_health
 from trajlake.store.lake import Lake
 
 BY_ENVIRONMENT_SQL = """
@@ -72,6 +77,7 @@ class DoctorReport:
     by_environment: list[dict[str, Any]] = field(default_factory=list)
     by_failure: list[dict[str, Any]] = field(default_factory=list)
     by_tool: list[dict[str, Any]] = field(default_factory=list)
+    health: HealthReport | None = None
 
     @property
     def system_error_rate(self) -> float:
@@ -85,11 +91,14 @@ class DoctorReport:
 
     @property
     def healthy(self) -> bool:
-        return bool(self.totals.get("trajectories")) and self.system_error_rate <= self.max_system_error_rate
+        alerts = self.health.alerts if self.health else []
+        within = self.system_error_rate <= self.max_system_error_rate
+        return bool(self.totals.get("trajectories")) and within and not alerts
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(
+            health=self.health.as_dict() if self.health else None,
             system_error_rate=self.system_error_rate,
             model_failure_rate=self.model_failure_rate,
             healthy=self.healthy,
@@ -107,8 +116,14 @@ def _rows(lake: Lake, sql: str, run_id: str) -> list[dict[str, Any]]:
         con.close()
 
 
-def diagnose(lake: Lake, run_id: str, max_system_error_rate: float = 0.05) -> DoctorReport:
-    """Compute the report for `run_id` (read-only)."""
+def diagnose(
+    lake: Lake,
+    run_id: str,
+    max_system_error_rate: float = 0.05,
+    health: HealthSettings | None = None,
+    tokenizer: str | None = None,
+) -> DoctorReport:
+    """Compute the report for `run_id` (read-only); `health` and `tokenizer` go to the health signals."""
     report = DoctorReport(run_id, max_system_error_rate)
     if not lake.exists("trajectories"):
         return report
@@ -117,6 +132,8 @@ def diagnose(lake: Lake, run_id: str, max_system_error_rate: float = 0.05) -> Do
     report.by_failure = _rows(lake, BY_LABEL_SQL, run_id)
     if lake.exists("tool_calls"):
         report.by_tool = _rows(lake, BY_TOOL_SQL, run_id)
+    if report.totals.get("trajectories"):
+        report.health = diagnose_health(lake, run_id, health, tokenizer)
     return report
 
 
@@ -169,15 +186,25 @@ def render(report: DoctorReport, width: int | None = None) -> str:
     ):
         if rows or columns is ENVIRONMENT_COLUMNS:
             lines += ["", f"{title}:", *("  " + line for line in _table(rows, columns, inner))]
-    verdict = (
-        "OK"
-        if report.healthy
-        else (
-            f"FAIL: system error rate {100 * report.system_error_rate:.1f}% > {100 * report.max_system_error_rate:.1f}%; "
+    if report.health:
+        lines += ["", *render_health(report.health)]
+    return "\n".join([*lines, "", verdict(report)])
+
+
+def verdict(report: DoctorReport) -> str:
+    """OK, or FAIL with each reason and where to look."""
+    if report.healthy:
+        return "OK"
+    reasons = []
+    if report.system_error_rate > report.max_system_error_rate:
+        reasons.append(
+            f"system error rate {100 * report.system_error_rate:.1f}% > {100 * report.max_system_error_rate:.1f}%; "
             "fix the harness before training (see the failure labels above)"
         )
-    )
-    return "\n".join([*lines, "", verdict])
+    if report.health and report.health.alerts:
+        names = ", ".join(a.signal for a in report.health.alerts)
+        reasons.append(f"health alerts: {names} (see the health signals above)")
+    return "FAIL: " + "; ".join(reasons)
 
 
 def render_json(report: DoctorReport) -> str:

@@ -1,0 +1,100 @@
+"""Health signals on synthetic runs: each pathology raises its own alert at the step where it began,
+the healthy run raises none, and `trajlake doctor` prints and exits on them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.health_runs import ONSET, PATHOLOGIES, build_health_lake
+from trajlake.cli import main
+from trajlake.store.config import HealthSettings
+from trajlake.store.health import ALERT, NOT_RECORDED, OK, diagnose_health, repetition, unprintable
+
+
+@pytest.fixture(scope="module")
+def health_lake(tmp_path_factory):
+    """Every synthetic run in one lake (shared, read-only)."""
+    return build_health_lake(tmp_path_factory.mktemp("health") / "lake")
+
+
+def test_a_healthy_run_raises_no_alert(health_lake):
+    report = diagnose_health(health_lake, "healthy")
+    assert report.alerts == []
+    assert {s.name: s.status for s in report.signals} == {
+        "entropy_collapse": OK, "mismatch_acceleration": OK, "reward_length": OK,
+        "advantage_drift": OK, "tool_error_spike": OK, "garbled_output": OK,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("run_id", list(PATHOLOGIES), ids=list(PATHOLOGIES))
+def test_each_pathology_raises_its_alert_where_it_began(health_lake, run_id):
+    report = diagnose_health(health_lake, run_id)
+    assert [a.signal for a in report.alerts] == [PATHOLOGIES[run_id]]
+    alert = report.alerts[0]
+    assert alert.start == ONSET
+    if alert.axis == "step":
+        assert alert.step == ONSET and f"steps {ONSET}–{ONSET + 4}" in alert.message
+    else:  # rollouts of policy version ONSET came from the weights of trainer step ONSET - 1
+        assert (
+            alert.step == ONSET - 1
+            and f"policy versions {ONSET}–{ONSET + 4} (trained from step {ONSET - 1})" in alert.message
+        )
+
+
+def test_a_trainer_without_advantages_says_not_recorded(health_lake):
+    signal = diagnose_health(health_lake, "no-advantages").signal("advantage_drift")
+    assert signal.status == NOT_RECORDED and "recorded no advantages" in signal.note
+    assert signal.alert is None
+
+
+def test_thresholds_are_settings(health_lake):
+    lenient = HealthSettings(mismatch_growth=100.0)
+    assert diagnose_health(health_lake, "mismatch", lenient).alerts == []
+    strict = HealthSettings(tool_error_increase=0.01, tool_error_z=0.01, min_samples=1)
+    signal = diagnose_health(health_lake, "healthy", strict).signal("tool_error_spike")
+    assert signal.status == ALERT  # noise alone crosses a threshold this low
+
+
+def test_windows_show_the_figures_behind_an_alert(health_lake):
+    signal = diagnose_health(health_lake, "garbled").signal("garbled_output")
+    by_start = {w["start"]: w for w in signal.windows}
+    assert by_start[ONSET - 5]["share"] == 0 and by_start[ONSET]["share"] == 1
+    assert by_start[ONSET]["repetition"] > 0.5
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [([1, 2, 3, 4, 5, 6], 0.0), ([7, 8, 9] * 6, 1 - 3 / 15), ([1, 2], 0.0)],
+    ids=["distinct", "loop", "too-short"],
+)
+def test_repetition_is_the_share_of_repeated_ngrams(ids, expected):
+    assert repetition(ids, 4) == pytest.approx(expected)
+
+
+def test_unprintable_counts_control_and_replacement_characters():
+    assert unprintable("hello world\n") == 0
+    assert unprintable("ab\x00\x01\ufffd") == pytest.approx(3 / 5)
+
+
+def test_doctor_names_the_alert_and_fails(health_lake, capsys):
+    code = main(["doctor", "--lake", health_lake.root, "--run", "entropy"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"ALERT entropy collapse from steps {ONSET}–{ONSET + 4}" in out
+    assert "FAIL: health alerts: entropy_collapse" in out
+
+
+def test_doctor_passes_a_healthy_run_and_reports_json(health_lake, capsys):
+    assert main(["doctor", "--lake", health_lake.root, "--run", "healthy"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("OK")
+    code = main(["doctor", "--lake", health_lake.root, "--run", "tools", "--format", "json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and report["healthy"] is False
+    assert [(a["signal"], a["start"]) for a in report["health"]["alerts"]] == [("tool_error_spike", ONSET)]
+
+
+def test_doctor_thresholds_are_options(health_lake, capsys):
+    code = main(["doctor", "--lake", health_lake.root, "--run", "tools", "--tool-error-increase", "0.9"])
+    assert code == 0, capsys.readouterr().out
