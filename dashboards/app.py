@@ -26,6 +26,7 @@ from trajlake.dashboards.views import (
     compare,
     entropy,
     failures,
+    health,
     latency,
     overview,
     sql_console,
@@ -40,6 +41,7 @@ PAGES = {
     "async": ("Async health", async_health.render),
     "compare": ("Compare runs", compare.render),
     "latency": ("Latency & lengths", latency.render),
+    "health": ("Health signals", health.render),
     "browser": ("Trajectory browser", browser.render),
     "sql": ("SQL console", sql_console.render),
 }

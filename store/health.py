@@ -121,6 +121,7 @@ class HealthReport:
     """Every signal of one run; `alerts` are the ones that fired."""
 
     run_id: str
+    window: int
     signals: list[Signal] = field(default_factory=list)
 
     @property
@@ -131,7 +132,7 @@ class HealthReport:
         return next(s for s in self.signals if s.name == name)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "signals": [asdict(s) for s in self.signals],
+        return {"run_id": self.run_id, "window": self.window, "signals": [asdict(s) for s in self.signals],
                 "alerts": [asdict(a) for a in self.alerts]}  # fmt: skip
 
 
@@ -153,6 +154,7 @@ def diagnose_health(
     steps_of = _step_namer(version_steps)
     return HealthReport(
         run_id,
+        s.window,
         [
             entropy_collapse(lake, run_id, trainer, s, steps_of),
             mismatch_acceleration(trainer, s),
@@ -371,7 +373,7 @@ def garbled_output(
         return sig
     decode = run_decoder(lake, run_id, tokenizer)
     sig.note = (
-        "repetition and unprintable text" if decode else "repetition only (no local tokenizer for the run)"
+        "repetition and unprintable text" if decode else "repetition only: no local tokenizer for the run"
     )
     by_window: dict[int, list[tuple[float, float | None]]] = {}
     for t in turns:
@@ -422,13 +424,15 @@ def run_decoder(lake: Any, run_id: str, tokenizer: str | None) -> Decode | None:
 
 def render_health(report: HealthReport) -> list[str]:
     """The signals as text lines for `trajlake doctor`: one line each, then the alerts."""
-    lines = ["health signals (per window; alert where a threshold is crossed):"]
+    w = report.window
+    lines = [f"health signals (per window of {w} steps, or of {w} policy versions for rollout figures):"]
     for sig in report.signals:
-        status = sig.status.upper() if sig.status == ALERT else sig.status
-        note = f"  ({sig.note})" if sig.note else ""
-        lines.append(f"  {sig.title:<26} {status:<13} threshold: {sig.threshold}{note}")
-    lines += [f"  ALERT {a.message}" for a in report.alerts]
-    return lines
+        if sig.status == NOT_RECORDED:
+            detail = sig.note
+        else:
+            detail = f"threshold: {sig.threshold}" + (f" ({sig.note})" if sig.note else "")
+        lines.append(f"  {sig.title:<26} {sig.status.upper() if sig.alert else sig.status:<13} {detail}")
+    return lines + [f"  ALERT {a.message}" for a in report.alerts]
 
 
 def health_json(report: HealthReport) -> str:

@@ -22,6 +22,7 @@ CHARTS_PER_PAGE = {
     "async": 4,
     "compare": 3,  # small multiples by policy version, pass@k, small multiples by trainer step
     "latency": 5,
+    "health": 4,
     "browser": 0,
     "sql": 0,
 }

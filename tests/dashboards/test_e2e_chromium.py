@@ -35,6 +35,7 @@ CHARTS_PER_PAGE = {
     "async": 4,
     "compare": 3,
     "latency": 5,
+    "health": 4,
     "browser": 0,
     "sql": 0,
 }

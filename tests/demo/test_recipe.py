@@ -117,7 +117,9 @@ def test_every_consumed_trajectory_keeps_the_advantage_the_trainer_computed(shor
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("page", ["overview", "entropy", "behaviour", "failures", "async", "browser", "sql"])
+@pytest.mark.parametrize(
+    "page", ["overview", "entropy", "behaviour", "failures", "async", "health", "browser", "sql"]
+)
 def test_every_dashboard_page_shows_the_demo_run(short_demo, monkeypatch, page):
     from streamlit.testing.v1 import AppTest
 
@@ -130,6 +132,17 @@ def test_every_dashboard_page_shows_the_demo_run(short_demo, monkeypatch, page):
     assert not at.exception, [e.value for e in at.exception]
     if page in ("overview", "entropy", "behaviour", "failures", "async"):
         assert list(at.get("vega_lite_chart")), f"the {page} page drew no chart of the demo run"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_doctor_raises_no_health_alert_on_the_demo(short_demo, capsys):
+    _, _, lake = short_demo
+    main(["doctor", "--lake", lake.root, "--run", "short", "--format", "json"])
+    health = json.loads(capsys.readouterr().out)["health"]
+    assert health["alerts"] == []
+    status = {s["name"]: s["status"] for s in health["signals"]}
+    assert status["entropy_collapse"] == status["reward_length"] == status["tool_error_spike"] == "ok"
 
 
 @pytest.mark.integration

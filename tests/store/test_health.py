@@ -4,13 +4,20 @@ the healthy run raises none, and `trajlake doctor` prints and exits on them."""
 from __future__ import annotations
 
 import json
+import random
+from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
-from tests.health_runs import ONSET, PATHOLOGIES, build_health_lake
+from tests.health_runs import ONSET, PATHOLOGIES, STEPS, build_health_lake
 from trajlake.cli import main
+from trajlake.ingest.recorder import Recorder
 from trajlake.store.config import HealthSettings
 from trajlake.store.health import ALERT, NOT_RECORDED, OK, diagnose_health, repetition, unprintable
+
+WORDS = ["the", "model", "reads", "a", "file", "then", "calls", "tool", "and", "writes", "its", "answer",
+         "in", "plain", "words", "for", "user"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +105,37 @@ def test_doctor_passes_a_healthy_run_and_reports_json(health_lake, capsys):
 def test_doctor_thresholds_are_options(health_lake, capsys):
     code = main(["doctor", "--lake", health_lake.root, "--run", "tools", "--tool-error-increase", "0.9"])
     assert code == 0, capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("model") / "tiny"
+    assert main(["model", "init", str(target), "--vocab-size", "400", "--seed", "3"]) == 0
+    return target
+
+
+def test_unprintable_text_is_found_with_the_runs_tokenizer(lake, bus, drain, model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    rng = random.Random(5)
+    recorder = Recorder(bus, "text", flush_each_turn=False)
+    for version in range(STEPS):
+        for i in range(8):
+            if version < ONSET:  # prose, each turn its own words
+                text = " ".join(rng.choice(WORDS) for _ in range(24))
+            else:  # control characters: unprintable, yet no n-gram repeats
+                text = "".join(chr(rng.randrange(1, 32)) + rng.choice("abcdefgh") for _ in range(24))
+            with recorder.start(f"t{i}", model=str(model_dir)) as traj:
+                out = tokenizer.encode(text)
+                traj.turn(out, [-0.5] * len(out), version, input_token_ids=[1, 2, 3])
+                traj.finish("completed")
+    drain()
+    signal = diagnose_health(lake, "text").signal("garbled_output")
+    assert signal.note == "repetition and unprintable text"
+    assert signal.alert is not None and signal.alert.start == ONSET
+    assert {w["start"]: w["unprintable"] > 0.3 for w in signal.windows} == {
+        0: False,
+        5: False,
+        10: True,
+        15: True,
+    }
+    assert all(w["repetition"] < 0.2 for w in signal.windows)
