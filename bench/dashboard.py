@@ -39,6 +39,7 @@ from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
+from trajlake.store.health import diagnose_health
 from trajlake.store.lake import Lake
 
 RUN = "bench-dashboard"
@@ -90,6 +91,9 @@ PAGE_QUERIES: dict[str, tuple[list[str], list[Query]]] = {
         lambda lake, s: m.length_percentiles(lake, RUN, None),
         lambda lake, s: m.length_histogram(lake, RUN, "latency_s", None),
         lambda lake, s: m.slowest_trajectories(lake, RUN, None),
+    ]),
+    "health": (["trajectories", "turns", "tool_calls", "trainer_steps", "batch_consumption", "events"], [
+        lambda lake, s: diagnose_health(lake, RUN),
     ]),
     "browser": (["trajectories", "turns", "tool_calls", "events"], [
         lambda lake, s: s.update(found=m.find_trajectories(lake, RUN, None, (), (), "", None)),
