@@ -148,45 +148,46 @@ def diagnose_health(
         tokenizer: a local tokenizer directory for the unprintable-text check (default: the
             run's recorded model, when that is a local directory; else only repetition is checked).
     """
-    s = settings or HealthSettings()
-    trainer = _rows(lake, TRAINER_SQL, run=run_id)
-    version_steps = {r["version"]: r["step"] for r in _rows(lake, VERSION_STEPS_SQL, run=run_id)}
-    steps_of = _step_namer(version_steps)
-    return HealthReport(
-        run_id,
-        s.window,
-        [
-            entropy_collapse(lake, run_id, trainer, s, steps_of),
-            mismatch_acceleration(trainer, s),
-            reward_length(lake, run_id, s, steps_of),
-            advantage_drift(lake, run_id, s),
-            tool_error_spikes(lake, run_id, s, steps_of),
-            garbled_output(lake, run_id, s, steps_of, tokenizer),
-        ],
-    )
+    run = RunFigures(lake, run_id, settings or HealthSettings(), tokenizer)
+    run.trainer = run.rows(TRAINER_SQL)
+    run.version_steps = {r["version"]: r["step"] for r in run.rows(VERSION_STEPS_SQL)}
+    return HealthReport(run_id, run.settings.window, [signal(run) for signal in SIGNALS])
 
 
-def _rows(lake: Any, sql: str, **params: Any) -> list[dict[str, Any]]:
-    return lake.sql(sql, params).to_pylist()
+@dataclass
+class RunFigures:
+    """What every signal reads: the lake and run, the thresholds, and the trainer's figures per step."""
+
+    lake: Any
+    run_id: str
+    settings: HealthSettings
+    tokenizer: str | None
+    trainer: list[dict[str, Any]] = field(default_factory=list)
+    version_steps: dict[int, int] = field(default_factory=dict)
+    """Policy version → the trainer step whose update produced it."""
+
+    def rows(self, sql: str, **params: Any) -> list[dict[str, Any]]:
+        """The rows of `sql` for this run (`$run`), with `params` bound as DuckDB parameters."""
+        return self.lake.sql(sql, {"run": self.run_id, **params}).to_pylist()
+
+    def alert(self, sig: Signal, start: int, what: str) -> None:
+        """Mark `sig` alerted at the window starting at `start` (the first crossing wins)."""
+        if sig.alert is not None:
+            return
+        step = start if sig.axis == STEP else self.version_steps.get(start)
+        where = f"{sig.axis}s {start}–{start + self.settings.window - 1}"
+        if sig.axis != STEP and step is not None:
+            where += f" (trained from step {step})"
+        sig.alert = Alert(sig.name, sig.axis, start, step, f"{sig.title} from {where}: {what}")
+        sig.status = ALERT
 
 
-def _step_namer(version_steps: dict[int, int]) -> Callable[[str, int], int | None]:
-    """The trainer step at `start` on an axis: the step itself, or the step that trained a version."""
-    return lambda axis, start: start if axis == STEP else version_steps.get(start)
-
-
-def _where(axis: str, start: int, window: int, steps_of: Callable[[str, int], int | None]) -> str:
-    """'steps 15–19', or 'policy versions 15–19 (trained from step 14)'."""
-    span = f"{axis}s {start}–{start + window - 1}"
-    step = steps_of(axis, start)
-    return span if axis == STEP or step is None else f"{span} (trained from step {step})"
-
-
-def _windows(points: list[tuple[int, float]], window: int) -> dict[int, list[tuple[int, float]]]:
+def _windows(points: list[tuple[int, float]], window: int) -> list[tuple[int, list[tuple[int, float]]]]:
+    """(first x of the window, its points) for windows of `window` x values aligned at 0, in order."""
     out: dict[int, list[tuple[int, float]]] = {}
     for x, y in points:
         out.setdefault(x // window * window, []).append((x, y))
-    return out
+    return sorted(out.items())
 
 
 def _slope(points: list[tuple[int, float]]) -> float | None:
@@ -199,36 +200,27 @@ def _slope(points: list[tuple[int, float]]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else None
 
 
-def _alert(
-    sig: Signal, start: int, window: int, steps_of: Callable[[str, int], int | None], what: str
-) -> None:
-    """Mark `sig` alerted at the window starting at `start` (the first crossing wins)."""
-    if sig.alert is None:
-        where = _where(sig.axis, start, window, steps_of)
-        sig.alert = Alert(
-            sig.name, sig.axis, start, steps_of(sig.axis, start), f"{sig.title} from {where}: {what}"
-        )
-        sig.status = ALERT
+def _growth(value: float | None, base: float | None) -> float | None:
+    return value / base - 1 if value is not None and base else None
 
 
 # -- the signals -------------------------------------------------------------------------------
 
 
-def entropy_collapse(
-    lake: Any, run_id: str, trainer: list[dict[str, Any]], s: HealthSettings, steps_of: Callable
-) -> Signal:
+def entropy_collapse(run: RunFigures) -> Signal:
     """Entropy falling faster than `entropy_drop_per_step` of the start per step, or below `entropy_floor`."""
+    s = run.settings
     sig = Signal("entropy_collapse", "entropy collapse", STEP,
                  f"falls > {s.entropy_drop_per_step:.0%} of the start per step, or below {s.entropy_floor:.0%} of it")  # fmt: skip
-    points = [(r["step"], r["entropy"]) for r in trainer if r["entropy"] is not None]
+    points = [(r["step"], r["entropy"]) for r in run.trainer if r["entropy"] is not None]
     if not points:
         sig.axis, sig.note = VERSION, "trainer recorded no entropy: −mean logprob of sampled tokens"
-        points = [(r["x"], r["entropy"]) for r in _rows(lake, ROLLOUT_ENTROPY_SQL, run=run_id)]
+        points = [(r["x"], r["entropy"]) for r in run.rows(ROLLOUT_ENTROPY_SQL)]
     if not points:
         sig.status, sig.note = NOT_RECORDED, "no entropy and no sampled logprobs recorded"
         return sig
     base = None
-    for start, pts in sorted(_windows(points, s.window).items()):
+    for start, pts in _windows(points, s.window):
         mean = sum(y for _, y in pts) / len(pts)
         base = mean if base is None else base
         slope = _slope(pts)
@@ -237,70 +229,59 @@ def entropy_collapse(
         sig.windows.append({"start": start, "points": len(pts), "entropy": mean, "slope": slope,
                             "drop_per_step": drop, "of_start": level})  # fmt: skip
         if drop is not None and drop > s.entropy_drop_per_step:
-            _alert(sig, start, s.window, steps_of, f"falling {drop:.0%} of the start ({base:.3g}) per step")
+            run.alert(sig, start, f"falling {drop:.0%} of the start ({base:.3g}) per step")
         elif level is not None and level < s.entropy_floor:
-            _alert(
-                sig, start, s.window, steps_of, f"mean {mean:.3g} is {level:.0%} of the start ({base:.3g})"
-            )
+            run.alert(sig, start, f"mean {mean:.3g} is {level:.0%} of the start ({base:.3g})")
     return sig
 
 
-def mismatch_acceleration(trainer: list[dict[str, Any]], s: HealthSettings) -> Signal:
+def mismatch_acceleration(run: RunFigures) -> Signal:
     """Train/inference mismatch above `mismatch_floor` and `mismatch_growth` times the previous window's."""
+    s = run.settings
     sig = Signal("mismatch_acceleration", "mismatch acceleration", STEP,
                  f"above {s.mismatch_floor:g} and ≥ {s.mismatch_growth:g}× the previous window")  # fmt: skip
-    points = [(r["step"], r["mismatch"]) for r in trainer if r["mismatch"] is not None]
+    points = [(r["step"], r["mismatch"]) for r in run.trainer if r["mismatch"] is not None]
     if not points:
         sig.status, sig.note = NOT_RECORDED, "the trainer recorded no train/inference mismatch"
         return sig
     previous = None
-    for start, pts in sorted(_windows(points, s.window).items()):
+    for start, pts in _windows(points, s.window):
         mean = sum(y for _, y in pts) / len(pts)
         growth = mean / previous if previous else None
         sig.windows.append({"start": start, "points": len(pts), "mismatch": mean, "growth": growth})
         if growth is not None and mean > s.mismatch_floor and growth >= s.mismatch_growth:
-            what = f"mean {mean:.3g}, {growth:.1f}× the previous window's {previous:.3g}"
-            _alert(sig, start, s.window, lambda _a, x: x, what)
+            run.alert(sig, start, f"mean {mean:.3g}, {growth:.1f}× the previous window's {previous:.3g}")
         previous = mean
     return sig
 
 
-def reward_length(lake: Any, run_id: str, s: HealthSettings, steps_of: Callable) -> Signal:
+def reward_length(run: RunFigures) -> Signal:
     """Reward correlated with output tokens (or turns) while they grow and reward rises."""
+    s = run.settings
     sig = Signal("reward_length", "reward–length correlation", VERSION,
                  f"corr ≥ {s.reward_length_corr:g} with length +{s.length_growth:.0%} since the start")  # fmt: skip
-    rows = [r for r in _rows(lake, REWARD_LENGTH_SQL, run=run_id, w=s.window) if r["n"] >= s.min_samples]
+    rows = [r for r in run.rows(REWARD_LENGTH_SQL, w=s.window) if r["n"] >= s.min_samples]
     if not rows:
         sig.status, sig.note = NOT_RECORDED, f"no window with {s.min_samples} scored trajectories"
         return sig
     base = rows[0]
     for r in rows:
         sig.windows.append(r)
-        if r["reward"] <= base["reward"]:
-            continue
         for length, label in (("tokens", "output tokens"), ("turns", "turns")):
             corr, grown = r[f"corr_{length}"], _growth(r[length], base[length])
-            if (
-                corr is not None
-                and grown is not None
-                and corr >= s.reward_length_corr
-                and grown >= s.length_growth
-            ):
-                what = (f"reward {r['reward']:.3g} (start {base['reward']:.3g}) rises with {label}: corr {corr:.2f}, "
-                        f"{label} per trajectory {r[length]:.3g} (start {base[length]:.3g})")  # fmt: skip
-                _alert(sig, r["start"], s.window, steps_of, what)
+            rising = r["reward"] > base["reward"] and corr is not None and corr >= s.reward_length_corr
+            if rising and grown is not None and grown >= s.length_growth:
+                run.alert(sig, r["start"], f"reward {r['reward']:.3g} (start {base['reward']:.3g}) rises with "
+                          f"{label}: corr {corr:.2f}, {r[length]:.3g} {label} per trajectory (start {base[length]:.3g})")  # fmt: skip
     return sig
 
 
-def _growth(value: float | None, base: float | None) -> float | None:
-    return value / base - 1 if value is not None and base else None
-
-
-def advantage_drift(lake: Any, run_id: str, s: HealthSettings) -> Signal:
+def advantage_drift(run: RunFigures) -> Signal:
     """Advantages no longer centred on 0 (|mean| / mean |a|), or their std collapsing from the start's."""
+    s = run.settings
     sig = Signal("advantage_drift", "advantage drift", STEP,
                  f"|mean|/mean|a| > {s.advantage_mean_ratio:g}, or std < {s.advantage_std_floor:.0%} of the start")  # fmt: skip
-    rows = [r for r in _rows(lake, ADVANTAGE_SQL, run=run_id, w=s.window) if r["n_advantages"]]
+    rows = [r for r in run.rows(ADVANTAGE_SQL, w=s.window) if r["n_advantages"]]
     if not rows:
         sig.status, sig.note = (
             NOT_RECORDED,
@@ -313,29 +294,18 @@ def advantage_drift(lake: Any, run_id: str, s: HealthSettings) -> Signal:
         spread = r["std"] / base_std if base_std else None
         sig.windows.append({**r, "mean_ratio": ratio, "std_of_start": spread})
         if ratio is not None and ratio > s.advantage_mean_ratio:
-            _alert(
-                sig,
-                r["start"],
-                s.window,
-                lambda _a, x: x,
-                f"mean {r['mean']:.3g} against mean |a| {r['abs_mean']:.3g}",
-            )
+            run.alert(sig, r["start"], f"mean {r['mean']:.3g} against mean |a| {r['abs_mean']:.3g}")
         elif spread is not None and spread < s.advantage_std_floor:
-            _alert(
-                sig,
-                r["start"],
-                s.window,
-                lambda _a, x: x,
-                f"std {r['std']:.3g}, {spread:.0%} of the start's {base_std:.3g}",
-            )
+            run.alert(sig, r["start"], f"std {r['std']:.3g}, {spread:.0%} of the start's {base_std:.3g}")
     return sig
 
 
-def tool_error_spikes(lake: Any, run_id: str, s: HealthSettings, steps_of: Callable) -> Signal:
+def tool_error_spikes(run: RunFigures) -> Signal:
     """A window's tool error rate above the rate of all earlier windows by an amount and a z-score."""
+    s = run.settings
     sig = Signal("tool_error_spike", "tool-error spike", VERSION,
                  f"error rate +{s.tool_error_increase:g} over earlier windows and z ≥ {s.tool_error_z:g}")  # fmt: skip
-    rows = _rows(lake, TOOL_ERRORS_SQL, run=run_id, w=s.window)
+    rows = run.rows(TOOL_ERRORS_SQL, w=s.window)
     if not rows:
         sig.status, sig.note = NOT_RECORDED, "no tool calls with a result"
         return sig
@@ -349,29 +319,22 @@ def tool_error_spikes(lake: Any, run_id: str, s: HealthSettings, steps_of: Calla
         sig.windows.append({**r, "error_rate": rate, "earlier_rate": earlier, "z": z})
         judged = earlier is not None and r["calls"] >= s.min_samples and calls >= s.min_samples
         if judged and rate - earlier >= s.tool_error_increase and (z is None or z >= s.tool_error_z):
-            _alert(sig, r["start"], s.window, steps_of, f"error rate {rate:.0%} against {earlier:.0%} before")
+            run.alert(sig, r["start"], f"error rate {rate:.0%} against {earlier:.0%} before")
         calls, errors = calls + r["calls"], errors + r["errors"]
     return sig
 
 
-def garbled_output(
-    lake: Any, run_id: str, s: HealthSettings, steps_of: Callable, tokenizer: str | None
-) -> Signal:
+def garbled_output(run: RunFigures) -> Signal:
     """The share of sampled turns that repeat their own n-grams or decode to unprintable text."""
+    s = run.settings
     sig = Signal("garbled_output", "garbled output", VERSION,
                  f"> {s.garbled_share:.0%} of turns repeat > {s.max_repetition:.0%} of their {s.repetition_ngram}-grams"
                  f" or are > {s.max_nonprintable:.0%} unprintable")  # fmt: skip
-    params = {
-        "run": run_id,
-        "w": s.window,
-        "min_tokens": s.garbled_min_tokens,
-        "per_window": s.garbled_sample,
-    }
-    turns = _rows(lake, GARBLED_SQL, **params)
+    turns = run.rows(GARBLED_SQL, w=s.window, min_tokens=s.garbled_min_tokens, per_window=s.garbled_sample)
     if not turns:
         sig.status, sig.note = NOT_RECORDED, f"no turns of {s.garbled_min_tokens}+ output tokens"
         return sig
-    decode = run_decoder(lake, run_id, tokenizer)
+    decode = run_decoder(run)
     sig.note = (
         "repetition and unprintable text" if decode else "repetition only: no local tokenizer for the run"
     )
@@ -379,21 +342,24 @@ def garbled_output(
     for t in turns:
         ids = t["output_token_ids"] or []
         text = decode(ids) if decode else None
-        by_window.setdefault(t["start"], []).append(
-            (repetition(ids, s.repetition_ngram), None if text is None else unprintable(text))
-        )
-    for start, scores in sorted(by_window.items()):
-        bad = sum(rep > s.max_repetition or (np or 0.0) > s.max_nonprintable for rep, np in scores)
-        share = bad / len(scores)
-        nps = [np for _, np in scores if np is not None]
-        sig.windows.append({"start": start, "turns": len(scores), "garbled": bad, "share": share,
-                            "repetition": sum(r for r, _ in scores) / len(scores),
+        scores = (repetition(ids, s.repetition_ngram), None if text is None else unprintable(text))
+        by_window.setdefault(t["start"], []).append(scores)
+    for start, scored in sorted(by_window.items()):
+        bad = sum(rep > s.max_repetition or (np or 0.0) > s.max_nonprintable for rep, np in scored)
+        share = bad / len(scored)
+        nps = [np for _, np in scored if np is not None]
+        sig.windows.append({"start": start, "turns": len(scored), "garbled": bad, "share": share,
+                            "repetition": sum(r for r, _ in scored) / len(scored),
                             "unprintable": sum(nps) / len(nps) if nps else None})  # fmt: skip
-        if len(scores) >= s.min_samples and share > s.garbled_share:
-            _alert(
-                sig, start, s.window, steps_of, f"{bad} of {len(scores)} sampled turns garbled ({share:.0%})"
-            )
+        if len(scored) >= s.min_samples and share > s.garbled_share:
+            run.alert(sig, start, f"{bad} of {len(scored)} sampled turns garbled ({share:.0%})")
     return sig
+
+
+SIGNALS: tuple[Callable[[RunFigures], Signal], ...] = (
+    entropy_collapse, mismatch_acceleration, reward_length, advantage_drift, tool_error_spikes, garbled_output,
+)  # fmt: skip
+"""Every signal, in the order reports show them."""
 
 
 def repetition(ids: Sequence[int], n: int) -> float:
@@ -410,14 +376,13 @@ def unprintable(text: str) -> float:
     return bad / len(text)
 
 
-def run_decoder(lake: Any, run_id: str, tokenizer: str | None) -> Decode | None:
-    """A decoder from `tokenizer` or the run's recorded model directory; None when neither loads."""
+def run_decoder(run: RunFigures) -> Decode | None:
+    """A decoder from the `tokenizer` given or the run's recorded model directory; None when neither loads."""
     from trajlake.store.export_formats import load_tokenizer
 
-    rows = _rows(lake, MODEL_SQL, run=run_id)
-    path = tokenizer or (rows[0]["model"] if rows else "")
+    rows = run.rows(MODEL_SQL)
     try:
-        return load_tokenizer(path)
+        return load_tokenizer(run.tokenizer or (rows[0]["model"] if rows else ""))
     except OSError:
         return None
 
