@@ -44,11 +44,18 @@ def render(ctx: PageContext) -> None:
         )
     cols = st.columns(len(report.signals))
     for col, sig in zip(cols, report.signals, strict=True):
-        col.metric(sig.title, sig.status if sig.alert is None else f"from {sig.alert.start}")
+        col.metric(sig.title, tile(sig), help=f"{sig.status}: {sig.note or sig.threshold}")
     left, right = st.columns(2)
     for i, sig in enumerate(report.signals):
         with left if i % 2 == 0 else right:
             show_signal(sig, settings.window)
+
+
+def tile(sig: Signal) -> str:
+    """What a signal's tile shows: where its alert began, 'n/a' when not recorded, else 'ok'."""
+    if sig.alert is not None:
+        return f"from {sig.alert.start}"
+    return "n/a" if sig.status == NOT_RECORDED else sig.status
 
 
 def show_signal(sig: Signal, window: int) -> None:
@@ -62,7 +69,7 @@ def show_signal(sig: Signal, window: int) -> None:
     table = pa.Table.from_pylist(sig.windows)
     measures = [c for c in CHARTS[sig.name] if c in table.column_names]
     title = f"per window of {window} {sig.axis}s (x = first {sig.axis} of the window)"
-    line(table, "start", measures, title, rule=None, y_title="")
+    line(table, "start", measures, title, x_type="O", y_title="")
     if sig.status == ALERT and sig.alert is not None:
         st.caption(f":orange[Began at {sig.axis} {sig.alert.start}.]")
     with st.expander("Figures per window"):
