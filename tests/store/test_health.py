@@ -129,7 +129,11 @@ def test_unprintable_text_is_found_with_the_runs_tokenizer(lake, bus, drain, mod
                 traj.turn(out, [-0.5] * len(out), version, input_token_ids=[1, 2, 3])
                 traj.finish("completed")
     drain()
-    signal = diagnose_health(lake, "text").signal("garbled_output")
+    report = diagnose_health(lake, "text")
+    entropy = report.signal("entropy_collapse")  # no trainer here: −mean sampled logprob per version
+    assert (entropy.axis, entropy.status) == ("policy version", "ok") and "no entropy" in entropy.note
+    assert entropy.windows[0]["entropy"] == pytest.approx(0.5)
+    signal = report.signal("garbled_output")
     assert signal.note == "repetition and unprintable text"
     assert signal.alert is not None and signal.alert.start == ONSET
     assert {w["start"]: w["unprintable"] > 0.3 for w in signal.windows} == {
