@@ -62,25 +62,35 @@ select step // $w * $w as start, count(*) as n, count(advantage) as n_advantages
 from batch_consumption where run_id = $run group by start order by start
 """
 
+# From the trajectories' tool counts (the projection of `tool_calls`, as the Behaviour page's
+# tool success rate), so no join with the much longer `tool_calls` table.
 TOOL_ERRORS_SQL = """
-select t.policy_version_min // $w * $w as start, count(*) as calls,
-  count(*) filter (where not coalesce(c.ok, false)) as errors
-from tool_calls c join _t_trajectories t on t.run_id = c.run_id and t.trajectory_id = c.trajectory_id
-where c.run_id = $run and c.has_result and t.policy_version_min is not null
+select policy_version_min // $w * $w as start, sum(n_tool_calls)::bigint as calls,
+  sum(n_tool_errors)::bigint as errors
+from _t_trajectories where run_id = $run and policy_version_min is not null and n_tool_calls > 0
 group by start order by start
 """
 
-# A sample of long-enough turns per window; their token lists are read from `events` by event id.
-GARBLED_SQL = """
-with picked as (
-  select event_id, policy_version // $w * $w as start from _t_turns
-  where run_id = $run and policy_version is not null and n_output_tokens >= $min_tokens
-  qualify row_number() over (partition by policy_version // $w order by hash(event_id)) <= $per_window
-)
-select p.start, e.output_token_ids from picked p join _t_events e on e.event_id = p.event_id
-where e.run_id = $run and e.event_type = 'turn'
-order by p.start
+# The garbled-output sample: per window, the time span at its end that holds about
+# `per_window` turns (at the window's average rate). Reading the token lists of just that span
+# lets DuckDB skip every `events` file outside it (by event_time statistics), so the check reads
+# a few files however long the run.
+SAMPLE_SPANS_SQL = """
+select policy_version // $w * $w as start, max(event_time) as hi,
+  to_timestamp(epoch(max(event_time))
+               - (epoch(max(event_time)) - epoch(min(event_time))) * least(1.0, $per_window / count(*))) as lo
+from _t_turns where run_id = $run and policy_version is not null
+group by start order by start
 """
+
+SAMPLE_BRANCH_SQL = """
+select $start_{i} as start, output_token_ids from _t_events
+where run_id = $run and event_type = 'turn' and event_time between $lo_{i} and $hi_{i}
+  and policy_version // $w * $w = $start_{i} and len(output_token_ids) >= $min_tokens
+limit $per_window
+"""
+"""One window's turns in its span; `sample_tokens` joins one branch per window (`{i}` names its parameters)."""
+
 
 MODEL_SQL = """
 select model from _t_trajectories where run_id = $run and model is not null
@@ -307,7 +317,7 @@ def tool_error_spikes(run: RunFigures) -> Signal:
                  f"error rate +{s.tool_error_increase:g} over earlier windows and z ≥ {s.tool_error_z:g}")  # fmt: skip
     rows = run.rows(TOOL_ERRORS_SQL, w=s.window)
     if not rows:
-        sig.status, sig.note = NOT_RECORDED, "no tool calls with a result"
+        sig.status, sig.note = NOT_RECORDED, "no tool calls recorded"
         return sig
     calls = errors = 0
     for r in rows:
@@ -330,9 +340,9 @@ def garbled_output(run: RunFigures) -> Signal:
     sig = Signal("garbled_output", "garbled output", VERSION,
                  f"> {s.garbled_share:.0%} of turns repeat > {s.max_repetition:.0%} of their {s.repetition_ngram}-grams"
                  f" or are > {s.max_nonprintable:.0%} unprintable")  # fmt: skip
-    turns = run.rows(GARBLED_SQL, w=s.window, min_tokens=s.garbled_min_tokens, per_window=s.garbled_sample)
+    turns = sample_tokens(run)
     if not turns:
-        sig.status, sig.note = NOT_RECORDED, f"no turns of {s.garbled_min_tokens}+ output tokens"
+        sig.status, sig.note = NOT_RECORDED, f"no sampled turn has {s.garbled_min_tokens}+ output tokens"
         return sig
     decode = run_decoder(run)
     sig.note = (
@@ -360,6 +370,23 @@ SIGNALS: tuple[Callable[[RunFigures], Signal], ...] = (
     entropy_collapse, mismatch_acceleration, reward_length, advantage_drift, tool_error_spikes, garbled_output,
 )  # fmt: skip
 """Every signal, in the order reports show them."""
+
+
+def sample_tokens(run: RunFigures) -> list[dict[str, Any]]:
+    """The output token ids of each window's latest `garbled_sample` turns that have `garbled_min_tokens`."""
+    s = run.settings
+    spans = run.rows(SAMPLE_SPANS_SQL, w=s.window, per_window=s.garbled_sample)
+    if not spans:
+        return []
+    params: dict[str, Any] = {
+        "w": s.window,
+        "min_tokens": s.garbled_min_tokens,
+        "per_window": s.garbled_sample,
+    }
+    for i, span in enumerate(spans):
+        params.update({f"start_{i}": span["start"], f"lo_{i}": span["lo"], f"hi_{i}": span["hi"]})
+    sql = " union all ".join(f"({SAMPLE_BRANCH_SQL.format(i=i)})" for i in range(len(spans)))
+    return run.rows(sql, **params)
 
 
 def repetition(ids: Sequence[int], n: int) -> float:
