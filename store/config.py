@@ -166,5 +166,7 @@ class HealthSettings(Settings):
         16, ge=2, description="garbled output: judge turns of at least this many output tokens"
     )
     garbled_sample: int = Field(
-        200, ge=1, description="garbled output: turns read per window (a sample; token lists are large)"
+        200,
+        ge=1,
+        description="garbled output: about this many of each window's latest turns are read (token lists are large)",
     )

@@ -10,7 +10,8 @@ same for a tiny policy and a large model:
 - reward–length: reward rising with output tokens or turns (length exploitation);
 - advantage drift: advantages no longer centred on 0, or their spread collapsing;
 - tool-error spikes: a window's tool error rate well above the run's earlier rate;
-- garbled output: turns repeating their own n-grams, or decoding to unprintable text.
+- garbled output: turns repeating their own n-grams, or decoding to unprintable text (a
+  sample: each window's latest turns).
 
 `diagnose_health` reads the lake (SQL with parameters only) and returns a `HealthReport` that
 `trajlake doctor` prints and the dashboard's Health page draws. An alert names the first step
