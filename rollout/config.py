@@ -188,7 +188,8 @@ class DoctorSettings(Settings):
     tokenizer: str | None = Field(
         None,
         validation_alias="TRAJLAKE_DOCTOR_TOKENIZER",
-        description="local tokenizer directory for the garbled-text check (default: the run's recorded model)",
+        description="tokenizer for the unprintable-text check: a local model or tokenizer directory, or a "
+        "tokenizer.json (default: the run's recorded model)",
     )
 
 

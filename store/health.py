@@ -98,7 +98,7 @@ select model from _t_trajectories where run_id = $run and model is not null
 group by model order by count(*) desc limit 1
 """
 
-Decode = Callable[[Sequence[int]], str]
+Decoder = Callable[[Sequence[int]], str]
 
 
 @dataclass
@@ -404,14 +404,19 @@ def unprintable(text: str) -> float:
     return bad / len(text)
 
 
-def run_decoder(run: RunFigures) -> Decode | None:
-    """A decoder from the `tokenizer` given or the run's recorded model directory; None when neither loads."""
-    from trajlake.store.export_formats import load_tokenizer
+def run_decoder(run: RunFigures) -> Decoder | None:
+    """The decoder of the run's recorded model, or of the `tokenizer` given; None when the model's
+    does not load (only repetition is checked then). A `tokenizer` that does not load raises
+    `TokenizerNotFound`: the user named it, so the message says the fix."""
+    from trajlake.store.tokenizer import TokenizerNotFound, find_decoder
 
     rows = run.rows(MODEL_SQL)
+    model = rows[0]["model"] if rows else None
+    if run.tokenizer:
+        return find_decoder(model, run.tokenizer)
     try:
-        return load_tokenizer(run.tokenizer or (rows[0]["model"] if rows else ""))
-    except OSError:
+        return find_decoder(model)
+    except TokenizerNotFound:
         return None
 
 

@@ -13,6 +13,7 @@ import streamlit as st
 from trajlake.dashboards.views.common import CACHE_TTL_S, PageContext, empty_state, frame, line, open_lake
 from trajlake.store.config import HealthSettings
 from trajlake.store.health import ALERT, NOT_RECORDED, HealthReport, Signal, diagnose_health
+from trajlake.store.tokenizer import TokenizerNotFound
 
 CHARTS = {
     "entropy_collapse": ["entropy"],
@@ -26,15 +27,24 @@ CHARTS = {
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=64)
-def read_health(root: str, state: tuple[int, ...], run_id: str, settings_json: str) -> HealthReport:
+def read_health(
+    root: str, state: tuple[int, ...], run_id: str, settings_json: str, tokenizer: str | None
+) -> HealthReport:
     """The run's health report at lake state `state`, for the thresholds in `settings_json`."""
-    return diagnose_health(open_lake(root), run_id, HealthSettings.model_validate_json(settings_json))
+    settings = HealthSettings.model_validate_json(settings_json)
+    return diagnose_health(open_lake(root), run_id, settings, tokenizer)
 
 
 def render(ctx: PageContext) -> None:
     st.header("Health signals")
     settings = HealthSettings.from_env()
-    report = read_health(ctx.lake_root, ctx.lake_state, ctx.run_id, settings.model_dump_json())
+    try:
+        report = read_health(
+            ctx.lake_root, ctx.lake_state, ctx.run_id, settings.model_dump_json(), ctx.tokenizer_path
+        )
+    except TokenizerNotFound as err:  # the app's --tokenizer override does not load
+        st.error(str(err))
+        return
     for alert in report.alerts:
         st.warning(alert.message, icon=":material/warning:")
     if not report.alerts:

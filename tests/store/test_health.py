@@ -143,3 +143,12 @@ def test_unprintable_text_is_found_with_the_runs_tokenizer(lake, bus, drain, mod
         15: True,
     }
     assert all(w["repetition"] < 0.2 for w in signal.windows)
+
+
+def test_a_tokenizer_that_does_not_load_is_an_error_naming_the_fix(health_lake, tmp_path, capsys):
+    code = main(
+        ["doctor", "--lake", health_lake.root, "--run", "healthy", "--tokenizer", str(tmp_path / "none")]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "does not load" in err and "pass a local model or tokenizer directory" in err
