@@ -48,6 +48,7 @@ from trajlake.dashboards.query import (
     version_join,
     versions_clause,
 )
+from trajlake.schemas.tables import MISMATCH_THRESHOLD
 from trajlake.store.sql import connection
 
 __all__ = [
@@ -65,9 +66,6 @@ __all__ = [
     "trajectory_tool_calls",
     "trajectory_turns",
 ]
-
-MISMATCH_THRESHOLD = 0.03
-"""Healthy train/inference logprob mismatch: mean absolute difference below this."""
 
 
 # -- selectors --------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
 
 from trajlake.schemas.settings import Settings, cli
+from trajlake.schemas.tables import MISMATCH_THRESHOLD
 
 
 class LakeConfig(BaseModel):
@@ -108,7 +109,7 @@ class HealthSettings(Settings):
         description="entropy collapse: a window's mean entropy is below this share of the start",
     )
     mismatch_floor: float = Field(
-        0.03,
+        MISMATCH_THRESHOLD,
         ge=0,
         description="mismatch below this (mean |trainer - sampler logprob|) is healthy, however it grows",
     )

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from trajlake.schemas.settings import LakeSettings, RunSettings, Settings, cli
+from trajlake.schemas.tables import MISMATCH_THRESHOLD
 from trajlake.store.config import CatalogSettings
 
 AGGREGATION_MODES = ("token_mean", "sequence_mean", "prompt_mean")
@@ -90,7 +91,7 @@ class TrainerConfig(Settings):
     tis_cap: float = Field(2.0, gt=0, description="Token-level TIS cap C.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature the rollouts used.")
     mismatch_threshold: float = Field(
-        0.03, gt=0, description="Healthy mean |rollout − trainer| logprob difference."
+        MISMATCH_THRESHOLD, gt=0, description="Healthy mean |rollout − trainer| logprob difference."
     )
     checkpoint_dir: str | None = Field(
         None, description="Where checkpoints go; None: <lake>/checkpoints/<run>."

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trajlake.schemas.tables import MISMATCH_THRESHOLD
+
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
-
-MISMATCH_THRESHOLD = 0.03
 
 
 @dataclass
