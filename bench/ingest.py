@@ -51,6 +51,7 @@ from trajlake.schemas import make_event
 from trajlake.store.lake import Lake
 
 _MESSAGES: list[Message] = []  # inherited by forked producer processes
+CODECS = ("lz4", "zstd")  # producer compressions compared side by side
 
 
 def workload(trajectories: int) -> tuple[list[Message], pa.Table, int]:
@@ -163,6 +164,7 @@ class Run:
     producer_s: float  # when the producer had everything acknowledged
     cpu: dict[str, float | None]
     topic_bytes: int  # what the broker stores for the topic
+    producer_cpu_s: float
     lake_bytes: int  # the events table's data files
 
 
@@ -223,7 +225,7 @@ def pipeline(
         "producer": None if backlog else producer_cpu,
         "broker": broker_end - broker_cpu if broker_end is not None and broker_cpu is not None else None,
     }
-    return Run(end - start_at, producer_s, cpu, topic_bytes(config), lake_bytes)
+    return Run(end - start_at, producer_s, cpu, topic_bytes(config), producer_cpu, lake_bytes)
 
 
 def _trickle(config: KafkaConfig, n: int, rate: float) -> None:
@@ -331,6 +333,13 @@ def main(argv: list[str] | None = None) -> int:
                 drain_runs.append(
                     pipeline(bootstrap, workdir, True, total, args.compression, broker_pid, backlog=True)
                 )
+            # the codecs side by side on the same backlog: bytes on the wire against CPU at both ends
+            codec_runs: dict[str, list[Run]] = {c: [] for c in CODECS}
+            for _ in range(args.repeats):
+                for c in CODECS:
+                    codec_runs[c].append(
+                        pipeline(bootstrap, workdir, True, total, c, broker_pid, backlog=True)
+                    )
             lags = freshness(bootstrap, workdir, 40 if args.quick else 150, 20.0)
         finally:
             if broker_dir is not None:
@@ -396,6 +405,18 @@ def main(argv: list[str] | None = None) -> int:
         "lake_bytes_per_token": round(drained.lake_bytes / tokens, 3),
         "sink_cpu_per_gb_vs_raw": round(sink_cpu_per_gb / raw_cpu_per_gb, 3),
         "efficiency": efficiency,
+        "by_compression": {
+            c: {
+                "wire_bytes_per_token": round(runs[0].topic_bytes / tokens, 3),
+                "sink_cpu_s_per_gb": round(float(np.median([r.cpu["sink"] or 0.0 for r in runs])) / gb, 3),
+                "sink_cpu_per_gb_vs_raw": round(
+                    float(np.median([r.cpu["sink"] or 0.0 for r in runs])) / gb / raw_cpu_per_gb, 3
+                ),
+                "producer_cpu_s_per_gb": round(float(np.median([r.producer_cpu_s for r in runs])) / gb, 3),
+                "drain_events_per_s": round(total / min(r.seconds for r in runs), 1),
+            }
+            for c, runs in codec_runs.items()
+        },
         # where the best exactly-once run spent its time: when the producer was done, and the CPU
         # seconds of each process; their sum over the cores bounds the wall time from below
         "best_run": {
@@ -422,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
         f"sink CPU {sink_cpu_per_gb:.1f} s/GB vs raw Parquet {raw_cpu_per_gb:.1f} s/GB = "
         f"{result['sink_cpu_per_gb_vs_raw']:.2f} x"
     )
+    for c, f in result["by_compression"].items():
+        print(
+            f"  {c}: wire {f['wire_bytes_per_token']:.2f} B/token, sink CPU {f['sink_cpu_s_per_gb']:.1f} s/GB "
+            f"({f['sink_cpu_per_gb_vs_raw']:.2f} x raw), producer CPU {f['producer_cpu_s_per_gb']:.1f} s/GB, "
+            f"drain {f['drain_events_per_s']:.0f} events/s"
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
