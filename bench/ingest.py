@@ -41,9 +41,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trajlake.ingest import codec
-from trajlake.ingest.bus.base import Message
+from trajlake.ingest.bus.base import Message, Packing
 from trajlake.ingest.bus.inprocess import InProcessBus
-from trajlake.ingest.bus.kafka import KafkaBus, create_topic
+from trajlake.ingest.bus.kafka import KafkaBus, create_topic, kafka_partition_of
 from trajlake.ingest.config import KafkaConfig
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
@@ -51,12 +51,26 @@ from trajlake.schemas import make_event
 from trajlake.store.lake import Lake
 
 _MESSAGES: list[Message] = []  # inherited by forked producer processes
-CODECS = ("lz4", "zstd")  # producer compressions compared side by side
+# compared side by side on one backlog: name -> (producer compression, packed messages)
+VARIANTS = {"lz4": ("lz4", False), "zstd": ("zstd", False), "zstd_packed": ("zstd", True)}
 
 
-def workload(trajectories: int) -> tuple[list[Message], pa.Table, int]:
+class _KafkaShaped(InProcessBus):
+    """Collects messages as a `KafkaBus` on a topic of the default partition count sends them:
+    packed per partition up to `pack_bytes` (0: one trajectory per message)."""
+
+    def __init__(self, pack_bytes: int) -> None:
+        super().__init__(topic="bench")
+        self.pack_bytes = pack_bytes
+
+    def packing(self) -> Packing | None:
+        partitions = range(KafkaConfig.model_fields["partitions"].default)
+        return Packing(kafka_partition_of(partitions), self.pack_bytes) if self.pack_bytes else None
+
+
+def workload(trajectories: int, pack_bytes: int = 0) -> tuple[list[Message], pa.Table, int]:
     """Encoded messages (as producers send them), the decoded events, and the token count."""
-    bus = InProcessBus(topic="bench")
+    bus = _KafkaShaped(pack_bytes)
     generate(bus, LoadgenConfig(trajectories=trajectories, run_id="bench", seed=1))
     messages = [m for log in bus._logs for m in log]
     tables = [codec.decode(m.value, m.headers)[0] for m in messages]
@@ -176,6 +190,7 @@ def pipeline(
     compression: str,
     broker_pid: int | None,
     backlog: bool = False,
+    messages: list[Message] | None = None,
 ) -> Run:
     """Seconds from the first send to the last event committed, one sink, exactly-once on or off.
 
@@ -192,6 +207,8 @@ def pipeline(
     sink = DeltaSink(lake, bus, SinkConfig(exactly_once=exactly_once, update_projections=False))
     while not bus.assigned_partitions():  # join the group before the clock starts
         sink.poll_once()
+    global _MESSAGES
+    _MESSAGES = messages if messages is not None else _MESSAGES
     start_at = time.time() + 0.5
     ctx = mp.get_context("fork")
     report = ctx.Queue()
@@ -298,16 +315,28 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "zstd", "lz4", "gzip", "none"],
         help="producer batch compression (default: the KafkaConfig default)",
     )
+    parser.add_argument(
+        "--pack-bytes",
+        type=int,
+        default=KafkaConfig.model_fields["pack_bytes"].default,
+        help="trajectories of one partition share a message up to this size, 0: one per message "
+        "(default: the KafkaConfig default)",
+    )
     args = parser.parse_args(argv)
     trajectories = args.trajectories or (300 if args.quick else 2000)
     args.repeats = args.repeats or (1 if args.quick else 5)
 
     global _MESSAGES
-    _MESSAGES, events, tokens = workload(trajectories)
+    # the same trajectories (one seed) as KafkaBus sends them with these settings, and one per message
+    _MESSAGES, events, tokens = workload(trajectories, args.pack_bytes)
+    single, single_events, _ = workload(trajectories)
+    assert single_events.num_rows == events.num_rows
+    main_messages = _MESSAGES
     wire_mb = sum(len(m.value) for m in _MESSAGES) / 1e6
     total = events.num_rows
     print(
-        f"workload: {total} events, {tokens} tokens, {len(_MESSAGES)} messages, {wire_mb:.1f} MB on the wire"
+        f"workload: {total} events, {tokens} tokens, {len(_MESSAGES)} messages "
+        f"({len(single)} one trajectory each), {wire_mb:.1f} MB on the wire before compression"
     )
 
     from trajlake.ingest.broker import BrokerConfig, free_port, read_pid, start_broker, stop_broker
@@ -328,18 +357,49 @@ def main(argv: list[str] | None = None) -> int:
             per_commit = commit_cost(events, workdir, 21 if args.quick else 41)
             on_runs, off_runs, drain_runs = [], [], []
             for _ in range(args.repeats):  # interleaved, so drift in load hits both modes alike
-                on_runs.append(pipeline(bootstrap, workdir, True, total, args.compression, broker_pid))
-                off_runs.append(pipeline(bootstrap, workdir, False, total, args.compression, broker_pid))
+                on_runs.append(
+                    pipeline(
+                        bootstrap, workdir, True, total, args.compression, broker_pid, messages=main_messages
+                    )
+                )
+                off_runs.append(
+                    pipeline(
+                        bootstrap, workdir, False, total, args.compression, broker_pid, messages=main_messages
+                    )
+                )
                 drain_runs.append(
-                    pipeline(bootstrap, workdir, True, total, args.compression, broker_pid, backlog=True)
+                    pipeline(
+                        bootstrap,
+                        workdir,
+                        True,
+                        total,
+                        args.compression,
+                        broker_pid,
+                        backlog=True,
+                        messages=main_messages,
+                    )
                 )
             # the codecs side by side on the same backlog: bytes on the wire against CPU at both ends
-            codec_runs: dict[str, list[Run]] = {c: [] for c in CODECS}
+            # and packed against one trajectory per message
+            packed = workload(
+                trajectories, args.pack_bytes or KafkaConfig.model_fields["pack_bytes"].default
+            )[0]
+            codec_runs: dict[str, list[Run]] = {c: [] for c in VARIANTS}
             for _ in range(args.repeats):
-                for c in CODECS:
-                    codec_runs[c].append(
-                        pipeline(bootstrap, workdir, True, total, c, broker_pid, backlog=True)
+                for name, (c, pack) in VARIANTS.items():
+                    codec_runs[name].append(
+                        pipeline(
+                            bootstrap,
+                            workdir,
+                            True,
+                            total,
+                            c,
+                            broker_pid,
+                            backlog=True,
+                            messages=packed if pack else single,
+                        )
                     )
+            _MESSAGES = main_messages
             lags = freshness(bootstrap, workdir, 40 if args.quick else 150, 20.0)
         finally:
             if broker_dir is not None:
@@ -379,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
             "events": total,
             "tokens": tokens,
             "messages": len(_MESSAGES),
+            "messages_one_trajectory_each": len(single),
+            "pack_bytes": args.pack_bytes,
             "wire_mb": round(wire_mb, 2),
         },
         "pipeline_exactly_once": rates(on_s),
@@ -405,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         "lake_bytes_per_token": round(drained.lake_bytes / tokens, 3),
         "sink_cpu_per_gb_vs_raw": round(sink_cpu_per_gb / raw_cpu_per_gb, 3),
         "efficiency": efficiency,
-        "by_compression": {
+        "variants": {
             c: {
                 "wire_bytes_per_token": round(runs[0].topic_bytes / tokens, 3),
                 "sink_cpu_s_per_gb": round(float(np.median([r.cpu["sink"] or 0.0 for r in runs])) / gb, 3),
@@ -443,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         f"sink CPU {sink_cpu_per_gb:.1f} s/GB vs raw Parquet {raw_cpu_per_gb:.1f} s/GB = "
         f"{result['sink_cpu_per_gb_vs_raw']:.2f} x"
     )
-    for c, f in result["by_compression"].items():
+    for c, f in result["variants"].items():
         print(
             f"  {c}: wire {f['wire_bytes_per_token']:.2f} B/token, sink CPU {f['sink_cpu_s_per_gb']:.1f} s/GB "
             f"({f['sink_cpu_per_gb_vs_raw']:.2f} x raw), producer CPU {f['producer_cpu_s_per_gb']:.1f} s/GB, "

@@ -45,6 +45,12 @@ class KafkaConfig(Settings):
         "auto",
         description="producer batch compression; auto = zstd (fewest bytes, least sink CPU: bench/ingest.py), else lz4, else gzip",
     )
+    pack_bytes: int = Field(
+        256 * 1024,
+        ge=0,
+        description="publish: trajectories bound for one partition share an Arrow message up to this size "
+        "(0: one trajectory per message)",
+    )
     max_message_bytes: int = Field(
         1_000_000, ge=16_384, description="larger values are split into chunks (broker default limit ~1 MB)"
     )
