@@ -11,7 +11,8 @@ Figures (all on the same synthetic workload, generated once):
   - efficiency: wire bytes per token as the broker stores them (its log size for the topic,
     after producer compression, record and batch framing included) next to the lake's bytes per
     token (the events table's data files), and the sink's CPU seconds per GB of events (Arrow
-    bytes) while it drains a backlog, next to a plain pyarrow.parquet write of the same rows.
+    bytes) while it drains a backlog, next to a plain pyarrow.parquet write of the same rows;
+    the same two figures for lz4 and zstd, one trajectory per message or packed (`variants`).
 Ratios: pipeline / raw throughput (best runs), and exactly-once overhead = 1 - off / on
 (medians). Each pipeline run also reports the CPU seconds of the sink, the producer and
 (when the bench started it) the broker: on a small machine their sum over the cores is a
@@ -52,7 +53,12 @@ from trajlake.store.lake import Lake
 
 _MESSAGES: list[Message] = []  # inherited by forked producer processes
 # compared side by side on one backlog: name -> (producer compression, packed messages)
-VARIANTS = {"lz4": ("lz4", False), "zstd": ("zstd", False), "zstd_packed": ("zstd", True)}
+VARIANTS = {
+    "lz4": ("lz4", False),
+    "zstd": ("zstd", False),
+    "lz4_packed": ("lz4", True),
+    "zstd_packed": ("zstd", True),
+}
 
 
 class _KafkaShaped(InProcessBus):
