@@ -7,7 +7,12 @@ Figures (all on the same synthetic workload, generated once):
   - the same pipeline with exactly-once off (no txn actions, no fencing, no resume), and the
     same difference per sink batch (write + commit, alternating on one table), where the noise
     of two whole pipeline runs cancels out;
-  - freshness: p50/p95 from an event being sent to it being visible to `lake.sql`.
+  - freshness: p50/p95 from an event being sent to it being visible to `lake.sql`;
+  - efficiency: wire bytes per token as the broker stores them (its log size for the topic,
+    after producer compression, record and batch framing included) next to the lake's bytes per
+    token (the events table's data files), and the sink's CPU seconds per GB of events (Arrow
+    bytes) while it drains a backlog, next to a plain pyarrow.parquet write of the same rows;
+    the same two figures for lz4 and zstd, one trajectory per message or packed (`variants`).
 Ratios: pipeline / raw throughput (best runs), and exactly-once overhead = 1 - off / on
 (medians). Each pipeline run also reports the CPU seconds of the sink, the producer and
 (when the bench started it) the broker: on a small machine their sum over the cores is a
@@ -22,6 +27,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -36,9 +42,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trajlake.ingest import codec
-from trajlake.ingest.bus.base import Message
+from trajlake.ingest.bus.base import Message, Packing
 from trajlake.ingest.bus.inprocess import InProcessBus
-from trajlake.ingest.bus.kafka import KafkaBus, create_topic
+from trajlake.ingest.bus.kafka import KafkaBus, create_topic, kafka_partition_of
 from trajlake.ingest.config import KafkaConfig
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
@@ -46,11 +52,31 @@ from trajlake.schemas import make_event
 from trajlake.store.lake import Lake
 
 _MESSAGES: list[Message] = []  # inherited by forked producer processes
+# compared side by side on one backlog: name -> (producer compression, packed messages)
+VARIANTS = {
+    "lz4": ("lz4", False),
+    "zstd": ("zstd", False),
+    "lz4_packed": ("lz4", True),
+    "zstd_packed": ("zstd", True),
+}
 
 
-def workload(trajectories: int) -> tuple[list[Message], pa.Table, int]:
+class _KafkaShaped(InProcessBus):
+    """Collects messages as a `KafkaBus` on a topic of the default partition count sends them:
+    packed per partition up to `pack_bytes` (0: one trajectory per message)."""
+
+    def __init__(self, pack_bytes: int) -> None:
+        super().__init__(topic="bench")
+        self.pack_bytes = pack_bytes
+
+    def packing(self) -> Packing | None:
+        partitions = range(KafkaConfig.model_fields["partitions"].default)
+        return Packing(kafka_partition_of(partitions), self.pack_bytes) if self.pack_bytes else None
+
+
+def workload(trajectories: int, pack_bytes: int = 0) -> tuple[list[Message], pa.Table, int]:
     """Encoded messages (as producers send them), the decoded events, and the token count."""
-    bus = InProcessBus(topic="bench")
+    bus = _KafkaShaped(pack_bytes)
     generate(bus, LoadgenConfig(trajectories=trajectories, run_id="bench", seed=1))
     messages = [m for log in bus._logs for m in log]
     tables = [codec.decode(m.value, m.headers)[0] for m in messages]
@@ -62,13 +88,48 @@ def workload(trajectories: int) -> tuple[list[Message], pa.Table, int]:
     return messages, events, tokens
 
 
-def raw_parquet(events: pa.Table, workdir: Path) -> float:
-    """Seconds to write `events` as one Parquet file with the lake's layout options, no pipeline."""
+def cpu_now() -> float:
+    """User + system CPU seconds of this process so far, all its threads (pyarrow's and Rust's too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def raw_parquet(events: pa.Table, workdir: Path) -> tuple[float, float]:
+    """Seconds and CPU seconds to write `events` as one Parquet file with the lake's layout
+    options, no pipeline."""
     lake = Lake(workdir / "raw-options")
     options = lake._parquet_options(events.schema)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_now()
     pq.write_table(events, workdir / "raw.parquet", **options)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu_now() - cpu
+
+
+def topic_bytes(config: KafkaConfig) -> int:
+    """Bytes the brokers hold for the topic (one replica per partition): the record batches as the
+    producer compressed them, keys, headers and framing included, which is what every consumer
+    fetches. (kafka-python's producer reports only byte rates, no `outgoing-byte-total`, and those
+    count request framing and metadata too; the broker's log size is exact and client-neutral.)"""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(**config.client_kwargs())
+    try:
+        answers = admin.describe_log_dirs([config.topic])
+    finally:
+        admin.close()
+    sizes: dict[int, int] = {}
+    for broker in answers:
+        for log_dir in broker["log_dirs"]:
+            for topic in log_dir["topics"]:
+                if topic["name"] == config.topic:
+                    for part in topic["partitions"]:
+                        index = part["partition_index"]
+                        sizes[index] = max(sizes.get(index, 0), part["partition_size"])
+    return sum(sizes.values())
+
+
+def table_bytes(path: Path) -> int:
+    """Bytes of a Delta table's data files (its log left out, as in bench/store_write.py)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and "_delta_log" not in f.parts)
 
 
 def commit_cost(events: pa.Table, workdir: Path, batches: int) -> dict[str, float]:
@@ -122,6 +183,9 @@ class Run:
     seconds: float
     producer_s: float  # when the producer had everything acknowledged
     cpu: dict[str, float | None]
+    topic_bytes: int  # what the broker stores for the topic
+    producer_cpu_s: float
+    lake_bytes: int  # the events table's data files
 
 
 def pipeline(
@@ -132,6 +196,7 @@ def pipeline(
     compression: str,
     broker_pid: int | None,
     backlog: bool = False,
+    messages: list[Message] | None = None,
 ) -> Run:
     """Seconds from the first send to the last event committed, one sink, exactly-once on or off.
 
@@ -148,6 +213,8 @@ def pipeline(
     sink = DeltaSink(lake, bus, SinkConfig(exactly_once=exactly_once, update_projections=False))
     while not bus.assigned_partitions():  # join the group before the clock starts
         sink.poll_once()
+    global _MESSAGES
+    _MESSAGES = messages if messages is not None else _MESSAGES
     start_at = time.time() + 0.5
     ctx = mp.get_context("fork")
     report = ctx.Queue()
@@ -156,14 +223,16 @@ def pipeline(
     if backlog:
         producer_s, producer_cpu = report.get(timeout=120)
         start_at = time.time()
-    sink_cpu, broker_cpu = time.process_time(), _cpu_seconds(broker_pid)
+    # the producer and broker are other processes: this process's CPU is the sink's (the consumer's
+    # network thread included) and, with `backlog`, only the sink's
+    sink_cpu, broker_cpu = cpu_now(), _cpu_seconds(broker_pid)
     while sink.stats.events < total:
         sink.poll_once()
         if sink.should_flush():
             sink.flush(wait=False)  # as `trajlake ingest` does: commit while consuming on
     sink.flush()
     end = sink.stats.last_commit_at or time.time()
-    sink_cpu = time.process_time() - sink_cpu
+    sink_cpu = cpu_now() - sink_cpu
     broker_end = _cpu_seconds(broker_pid)
     if not backlog:
         producer_s, producer_cpu = report.get(timeout=60)
@@ -171,6 +240,7 @@ def pipeline(
     bus.close()
     stored = lake.sql("select count(*) as n from events").to_pylist()[0]["n"]
     lake.close()
+    lake_bytes = table_bytes(workdir / name / "events")
     if stored != total:
         raise SystemExit(f"pipeline stored {stored} events, expected {total}")
     cpu = {
@@ -178,7 +248,7 @@ def pipeline(
         "producer": None if backlog else producer_cpu,
         "broker": broker_end - broker_cpu if broker_end is not None and broker_cpu is not None else None,
     }
-    return Run(end - start_at, producer_s, cpu)
+    return Run(end - start_at, producer_s, cpu, topic_bytes(config), producer_cpu, lake_bytes)
 
 
 def _trickle(config: KafkaConfig, n: int, rate: float) -> None:
@@ -251,16 +321,28 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "zstd", "lz4", "gzip", "none"],
         help="producer batch compression (default: the KafkaConfig default)",
     )
+    parser.add_argument(
+        "--pack-bytes",
+        type=int,
+        default=KafkaConfig.model_fields["pack_bytes"].default,
+        help="trajectories of one partition share a message up to this size, 0: one per message "
+        "(default: the KafkaConfig default)",
+    )
     args = parser.parse_args(argv)
     trajectories = args.trajectories or (300 if args.quick else 2000)
     args.repeats = args.repeats or (1 if args.quick else 5)
 
     global _MESSAGES
-    _MESSAGES, events, tokens = workload(trajectories)
+    # the same trajectories (one seed) as KafkaBus sends them with these settings, and one per message
+    _MESSAGES, events, tokens = workload(trajectories, args.pack_bytes)
+    single, single_events, _ = workload(trajectories)
+    assert single_events.num_rows == events.num_rows
+    main_messages = _MESSAGES
     wire_mb = sum(len(m.value) for m in _MESSAGES) / 1e6
     total = events.num_rows
     print(
-        f"workload: {total} events, {tokens} tokens, {len(_MESSAGES)} messages, {wire_mb:.1f} MB on the wire"
+        f"workload: {total} events, {tokens} tokens, {len(_MESSAGES)} messages "
+        f"({len(single)} one trajectory each), {wire_mb:.1f} MB on the wire before compression"
     )
 
     from trajlake.ingest.broker import BrokerConfig, free_port, read_pid, start_broker, stop_broker
@@ -275,15 +357,55 @@ def main(argv: list[str] | None = None) -> int:
         broker_pid = read_pid(broker_dir) if broker_dir is not None else None
         try:
             # best of `repeats`: single runs on a shared 2-core machine vary by tens of percent
-            raw_s = min(raw_parquet(events, workdir) for _ in range(args.repeats))
+            # at least 5: a quick run's raw write takes a fraction of a CPU second, noisy alone
+            raw_runs = [raw_parquet(events, workdir) for _ in range(max(5, args.repeats))]
+            raw_s = min(seconds for seconds, _ in raw_runs)
             per_commit = commit_cost(events, workdir, 21 if args.quick else 41)
             on_runs, off_runs, drain_runs = [], [], []
             for _ in range(args.repeats):  # interleaved, so drift in load hits both modes alike
-                on_runs.append(pipeline(bootstrap, workdir, True, total, args.compression, broker_pid))
-                off_runs.append(pipeline(bootstrap, workdir, False, total, args.compression, broker_pid))
-                drain_runs.append(
-                    pipeline(bootstrap, workdir, True, total, args.compression, broker_pid, backlog=True)
+                on_runs.append(
+                    pipeline(
+                        bootstrap, workdir, True, total, args.compression, broker_pid, messages=main_messages
+                    )
                 )
+                off_runs.append(
+                    pipeline(
+                        bootstrap, workdir, False, total, args.compression, broker_pid, messages=main_messages
+                    )
+                )
+                drain_runs.append(
+                    pipeline(
+                        bootstrap,
+                        workdir,
+                        True,
+                        total,
+                        args.compression,
+                        broker_pid,
+                        backlog=True,
+                        messages=main_messages,
+                    )
+                )
+            # the codecs side by side on the same backlog: bytes on the wire against CPU at both ends
+            # and packed against one trajectory per message
+            packed = workload(
+                trajectories, args.pack_bytes or KafkaConfig.model_fields["pack_bytes"].default
+            )[0]
+            codec_runs: dict[str, list[Run]] = {c: [] for c in VARIANTS}
+            for _ in range(args.repeats):
+                for name, (c, pack) in VARIANTS.items():
+                    codec_runs[name].append(
+                        pipeline(
+                            bootstrap,
+                            workdir,
+                            True,
+                            total,
+                            c,
+                            broker_pid,
+                            backlog=True,
+                            messages=packed if pack else single,
+                        )
+                    )
+            _MESSAGES = main_messages
             lags = freshness(bootstrap, workdir, 40 if args.quick else 150, 20.0)
         finally:
             if broker_dir is not None:
@@ -304,11 +426,27 @@ def main(argv: list[str] | None = None) -> int:
     on_median = float(np.median([r.seconds for r in on_runs]))
     off_median = float(np.median([r.seconds for r in off_runs]))
     cpu = {name: round(v, 3) for name, v in best_on.cpu.items() if v is not None}
+    # efficiency, per GB of events as Arrow holds them in memory (the same rows for both writers);
+    # CPU medians: CPU seconds vary less than wall time, but other tenants still slow a core down
+    gb = events.nbytes / 1e9
+    sink_cpu_per_gb = float(np.median([r.cpu["sink"] or 0.0 for r in drain_runs])) / gb
+    raw_cpu_per_gb = float(np.median([cpu_s for _, cpu_s in raw_runs])) / gb
+    drained = drain_runs[0]  # every run carries the same workload; sizes barely differ between runs
+    efficiency = {
+        "events_gb": round(gb, 4),
+        "topic_bytes": drained.topic_bytes,
+        "lake_bytes": drained.lake_bytes,
+        "uncompressed_bytes_per_token": round(wire_mb * 1e6 / tokens, 3),
+        "sink_cpu_s_per_gb": round(sink_cpu_per_gb, 3),
+        "raw_parquet_cpu_s_per_gb": round(raw_cpu_per_gb, 3),
+    }
     result = {
         "workload": {
             "events": total,
             "tokens": tokens,
             "messages": len(_MESSAGES),
+            "messages_one_trajectory_each": len(single),
+            "pack_bytes": args.pack_bytes,
             "wire_mb": round(wire_mb, 2),
         },
         "pipeline_exactly_once": rates(on_s),
@@ -330,6 +468,23 @@ def main(argv: list[str] | None = None) -> int:
             "p95": round(float(np.percentile(lags, 95)), 3),
         },
         "compression": KafkaConfig(compression=args.compression).compression_type() or "none",
+        # goals (issue 17): wire <= 1.5 x lake bytes/token; sink CPU per GB <= 3 x the raw write's
+        "wire_bytes_per_token": round(drained.topic_bytes / tokens, 3),
+        "lake_bytes_per_token": round(drained.lake_bytes / tokens, 3),
+        "sink_cpu_per_gb_vs_raw": round(sink_cpu_per_gb / raw_cpu_per_gb, 3),
+        "efficiency": efficiency,
+        "variants": {
+            c: {
+                "wire_bytes_per_token": round(runs[0].topic_bytes / tokens, 3),
+                "sink_cpu_s_per_gb": round(float(np.median([r.cpu["sink"] or 0.0 for r in runs])) / gb, 3),
+                "sink_cpu_per_gb_vs_raw": round(
+                    float(np.median([r.cpu["sink"] or 0.0 for r in runs])) / gb / raw_cpu_per_gb, 3
+                ),
+                "producer_cpu_s_per_gb": round(float(np.median([r.producer_cpu_s for r in runs])) / gb, 3),
+                "drain_events_per_s": round(total / min(r.seconds for r in runs), 1),
+            }
+            for c, runs in codec_runs.items()
+        },
         # where the best exactly-once run spent its time: when the producer was done, and the CPU
         # seconds of each process; their sum over the cores bounds the wall time from below
         "best_run": {
@@ -349,6 +504,19 @@ def main(argv: list[str] | None = None) -> int:
         f"draining a backlog: {result['backlog_drain']['events_per_s']:.0f} events/s = "
         f"{result['backlog_drain']['ratio']:.2f} x raw Parquet"
     )
+    print(
+        f"wire {result['wire_bytes_per_token']:.2f} B/token on the topic "
+        f"({efficiency['uncompressed_bytes_per_token']:.2f} before compression) vs lake {result['lake_bytes_per_token']:.2f} B/token "
+        f"= {result['wire_bytes_per_token'] / result['lake_bytes_per_token']:.2f} x; "
+        f"sink CPU {sink_cpu_per_gb:.1f} s/GB vs raw Parquet {raw_cpu_per_gb:.1f} s/GB = "
+        f"{result['sink_cpu_per_gb_vs_raw']:.2f} x"
+    )
+    for c, f in result["variants"].items():
+        print(
+            f"  {c}: wire {f['wire_bytes_per_token']:.2f} B/token, sink CPU {f['sink_cpu_s_per_gb']:.1f} s/GB "
+            f"({f['sink_cpu_per_gb_vs_raw']:.2f} x raw), producer CPU {f['producer_cpu_s_per_gb']:.1f} s/GB, "
+            f"drain {f['drain_events_per_s']:.0f} events/s"
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

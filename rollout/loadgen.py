@@ -180,14 +180,30 @@ class _ColumnBatch:
         return pa.Table.from_arrays(arrays, schema=ev.EVENTS_SCHEMA)
 
     def publish(self, bus: Publisher) -> int:
-        """Send one message per trajectory (and per policy update); return messages sent."""
+        """Send one message per trajectory (and per policy update), or per pack of them where the
+        bus packs (`Publisher.packing`); return messages sent."""
         table = self.table()
-        for key, first, end in self.spans:
-            value = codec.encode_arrow(table.slice(first, end - first))
+        packing = bus.packing()
+        if packing is None:
+            packs = [[i] for i in range(len(self.spans))]
+        else:
+            sizes = [table.slice(first, end - first).nbytes for _, first, end in self.spans]
+            packs = packing.packs([key for key, _, _ in self.spans], sizes)
+        for pack in packs:
+            spans = [self.spans[i] for i in pack]
+            if len(spans) == 1:
+                rows = table.slice(spans[0][1], spans[0][2] - spans[0][1])
+            else:  # one contiguous record batch: the sink reads a message's batches one by one
+                rows = table.take(np.concatenate([np.arange(first, end) for _, first, end in spans]))
+            value = codec.encode_arrow(rows)
             bus.send(
-                Message(key=key, value=value, headers={codec.CONTENT_TYPE_HEADER: codec.ARROW_CONTENT_TYPE})
+                Message(
+                    key=spans[0][0],
+                    value=value,
+                    headers={codec.CONTENT_TYPE_HEADER: codec.ARROW_CONTENT_TYPE},
+                )
             )
-        return len(self.spans)
+        return len(packs)
 
 
 def _column(type_: pa.DataType, n: int, rows: np.ndarray, values: list[Any]) -> pa.Array:

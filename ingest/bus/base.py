@@ -1,7 +1,9 @@
 """The bus interfaces by role: a `Publisher` sends events, a `Consumer` hands them to the sink.
 
 A message carries one or more events of one trajectory, encoded by `trajlake.ingest.codec`;
-its key is the trajectory id, so a trajectory stays ordered on one partition. Every
+its key is the trajectory id, so a trajectory stays ordered on one partition. A publisher
+that hands over many trajectories at once may pack those bound for the same partition into
+one message (`Packing`), keyed by the first of them: still one partition per trajectory. Every
 message the sink sees has a `SourcePosition`, which is what exactly-once is built on.
 A backend implements the roles it can play: `InProcessBus` and `KafkaBus` both (`Bus`); a
 worker's `CollectingBus` only publishes.
@@ -63,6 +65,33 @@ class SpoolStats:
     directory: Path | None = None  # where the waiting messages are kept
 
 
+@dataclass(frozen=True)
+class Packing:
+    """How a publisher packs trajectories into messages: those whose keys land on one partition
+    share a message of up to `max_bytes` (Arrow bytes); a key mapped to None travels alone."""
+
+    partition_of: Callable[[str | None], int | None]
+    max_bytes: int
+
+    def packs(self, keys: Sequence[str | None], sizes: Sequence[int]) -> list[list[int]]:
+        """Indices of the messages `keys` (with their sizes) grouped into packs, in order of their
+        first member; each partition's messages keep their order across its packs."""
+        out: list[list[int]] = []
+        open_: dict[int, tuple[list[int], int]] = {}  # partition -> (its open pack, its bytes)
+        for i, (key, size) in enumerate(zip(keys, sizes, strict=True)):
+            partition = self.partition_of(key)
+            if partition is None:
+                out.append([i])
+                continue
+            pack, used = open_.get(partition, (None, 0))
+            if pack is None or used + size > self.max_bytes:
+                pack, used = [], 0
+                out.append(pack)
+            pack.append(i)
+            open_[partition] = (pack, used + size)
+        return out
+
+
 @runtime_checkable
 class Publisher(Protocol):
     """Sends events to a topic."""
@@ -76,6 +105,10 @@ class Publisher(Protocol):
     def send(self, message: Message) -> None:
         """Send one already-encoded message (raw JSON, pre-encoded Arrow, tests of bad input)."""
         ...
+
+    def packing(self) -> Packing | None:
+        """How trajectories may share messages on this bus; None: one trajectory per message."""
+        return None
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until published messages are delivered (returns at once where delivery is immediate)."""

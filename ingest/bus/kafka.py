@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,6 +26,7 @@ from trajlake.ingest.bus.base import (
     Bus,
     BusUnreachable,
     Message,
+    Packing,
     PartitionCallback,
     SourcePosition,
     SpoolStats,
@@ -65,6 +66,8 @@ class KafkaBus(Bus):
         self.on_lost: PartitionCallback | None = None
         self.sent_total = 0
         self.chunked_total = 0
+        self._partitions: list[int] | None = None  # the topic's, once packing asked for them
+        self._partitions_asked_at = -float("inf")
         _redact_secrets_in_kafka_logs(config)
         PRODUCER_METRICS.watch(self)
 
@@ -108,15 +111,49 @@ class KafkaBus(Bus):
         return self._spool
 
     def publish(self, events: Sequence[Mapping[str, Any]]) -> int:
-        """Encode events (one message per trajectory, in the configured wire format) and send them."""
-        groups = group_by_trajectory(events)
-        for key, group in groups.items():
-            if self.config.wire_format == "json":
-                value, ctype = codec.encode_json(group), codec.JSON_CONTENT_TYPE
-            else:
-                value, ctype = codec.encode_arrow(group), codec.ARROW_CONTENT_TYPE
-            self.send(Message(key=key, value=value, headers={codec.CONTENT_TYPE_HEADER: ctype}))
-        return len(groups)
+        """Encode events (one message per trajectory, or per pack of trajectories bound for one
+        partition, in the configured wire format) and send them; return messages sent."""
+        groups = list(group_by_trajectory(events).items())
+        if self.config.wire_format == "json":
+            for key, group in groups:
+                value = codec.encode_json(group)
+                self.send(Message(key, value, {codec.CONTENT_TYPE_HEADER: codec.JSON_CONTENT_TYPE}))
+            return len(groups)
+        packing = self.packing() if len(groups) > 1 else None
+        packs = (
+            packing.packs([k for k, _ in groups], [_event_bytes(g) for _, g in groups])
+            if packing is not None
+            else [[i] for i in range(len(groups))]
+        )
+        for pack in packs:
+            value = codec.encode_arrow([e for i in pack for e in groups[i][1]])
+            key = groups[pack[0]][0]
+            self.send(Message(key, value, {codec.CONTENT_TYPE_HEADER: codec.ARROW_CONTENT_TYPE}))
+        return len(packs)
+
+    def packing(self) -> Packing | None:
+        """Trajectories whose keys Kafka's default partitioner puts on one partition may share a
+        message (Arrow only, up to `pack_bytes`); None while the topic's partitions are unknown."""
+        from kafka.errors import KafkaError
+
+        if self.config.pack_bytes <= 0 or self.config.wire_format != "arrow":
+            return None
+        if self._partitions is None:
+            # asking an unreachable cluster blocks up to max_block_s: at most once per retry interval
+            if time.monotonic() - self._partitions_asked_at < self.config.retry_interval_s:
+                return None
+            self._partitions_asked_at = time.monotonic()
+            try:
+                partitions = self._ensure_producer().partitions_for(self.topic)
+            except KafkaError:  # unreachable: one trajectory per message, as the spool takes them
+                return None
+            if not partitions:
+                return None
+            self._partitions = sorted(partitions)
+        return Packing(
+            kafka_partition_of(self._partitions),
+            min(self.config.pack_bytes, self.config.max_message_bytes // 2),
+        )
 
     def send(self, message: Message) -> None:
         """Send one message (split into chunks when it exceeds `max_message_bytes`)."""
@@ -454,6 +491,33 @@ class KafkaBus(Bus):
                 )
             self._spool.close()
             self._spool = None
+
+
+def kafka_partition_of(partitions: Sequence[int]) -> Callable[[str | None], int | None]:
+    """The partition Kafka's default partitioner (murmur2 of the key, as the Java client) gives a
+    key, among `partitions`; None for no key (those go to a random partition)."""
+    from kafka.partitioner.default import murmur2
+
+    ordered = sorted(partitions)
+
+    def partition_of(key: str | None) -> int | None:
+        if key is None:
+            return None
+        return ordered[(murmur2(key.encode()) & 0x7FFFFFFF) % len(ordered)]
+
+    return partition_of
+
+
+def _event_bytes(events: Sequence[Mapping[str, Any]]) -> int:
+    """About the Arrow bytes of event dicts: 4 per token id and logprob, 200 per event besides."""
+    size = 0
+    for e in events:
+        size += 200
+        for name in ("input_token_ids", "output_token_ids", "output_logprobs"):
+            value = e.get(name)
+            if value is not None:
+                size += 4 * len(value)
+    return size
 
 
 class _Redact(logging.Filter):

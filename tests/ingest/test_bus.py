@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import turn_event
+from trajlake.ingest import codec
 from trajlake.ingest.bus import setup_bus
-from trajlake.ingest.bus.base import Bus, Consumer, Publisher, SpoolStats
-from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.bus.base import Bus, Consumer, Packing, Publisher, SpoolStats
+from trajlake.ingest.bus.inprocess import InProcessBus, partition_for
 from trajlake.ingest.config import KafkaConfig
 from trajlake.ingest.sink import DeltaSink
 from trajlake.rollout.loadgen import LoadgenConfig, generate
@@ -96,3 +97,67 @@ def test_mypy_agrees_which_bus_plays_which_role(tmp_path: Path) -> None:
     )  # fmt: skip
     errors = [line for line in out.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 1 and "roles.py:12:" in errors[0] and '"Consumer"' in errors[0], out.stdout
+
+
+class _PackingBus(InProcessBus):
+    """The in-process bus packing as `KafkaBus` does, by its own (crc32) partitions."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__()
+        self.max_bytes = max_bytes
+
+    def packing(self) -> Packing | None:
+        return Packing(lambda key: partition_for(key, self.partitions), self.max_bytes)
+
+
+def test_packs_keep_each_partitions_order_and_their_size() -> None:
+    packing = Packing(lambda key: None if key is None else int(key) % 2, max_bytes=10)
+    keys = ["0", "1", "2", None, "4", "3", "6"]
+    packs = packing.packs(keys, [4, 4, 4, 4, 4, 4, 4])
+    assert packs == [[0, 2], [1, 5], [3], [4, 6]]  # partition 0 in order: 0, 2 | 4, 6; no key alone
+
+
+def test_packed_loadgen_messages_keep_trajectories_on_their_partition_and_reach_the_lake_once(
+    lake, tmp_path: Path
+) -> None:
+    bus = _PackingBus(max_bytes=64 * 1024)
+    counts = generate(bus, LoadgenConfig(trajectories=40, prompt_tokens=64, output_tokens=64, seed=3))
+    assert counts.messages < counts.trajectories  # several trajectories share a message
+    for partition, log in enumerate(bus._logs):
+        for message in log:
+            table, _ = codec.decode(message.value, message.headers)
+            keys = {
+                t or r
+                for t, r in zip(table["trajectory_id"].to_pylist(), table["run_id"].to_pylist(), strict=True)
+            }
+            assert {partition_for(k, bus.partitions) for k in keys} == {partition}
+    DeltaSink(lake, bus).run(until_idle_s=0)
+    assert lake.sql("select count(*) as n from events").to_pylist()[0]["n"] == counts.events
+    assert lake.sql("select count(distinct trajectory_id) as n from events").to_pylist()[0]["n"] == 40
+    assert not lake.exists("dead_letters")
+
+
+def test_kafka_publish_packs_trajectories_of_one_partition_and_json_stays_one_per_message(
+    tmp_path: Path,
+) -> None:
+    from trajlake.ingest.bus.kafka import KafkaBus, kafka_partition_of
+
+    partition_of = kafka_partition_of([0, 1, 2, 3])
+    events = [turn_event(trajectory_id=f"t{i}", seq=s) for i in range(12) for s in range(2)]
+    partitions = {partition_of(f"t{i}") for i in range(12)}
+    for wire_format, expected in (("arrow", len(partitions)), ("json", 12)):
+        config = KafkaConfig(
+            bootstrap="127.0.0.1:9", topic="packs", spool_dir=tmp_path / "spool", wire_format=wire_format
+        )
+        bus = KafkaBus(config)
+        bus._partitions = [0, 1, 2, 3]  # as the producer's metadata would tell; nothing connects
+        sent: list = []
+        bus.send = sent.append  # type: ignore[method-assign]
+        assert bus.publish(events) == len(sent) == expected
+        for message in sent:
+            table, _ = codec.decode(message.value, message.headers)
+            rows = list(zip(table["trajectory_id"].to_pylist(), table["seq"].to_pylist(), strict=True))
+            assert {partition_of(t) for t, _ in rows} == {partition_of(message.key)}
+            assert rows == sorted(rows, key=lambda r: (rows.index((r[0], 0)), r[1]))  # each in seq order
+        assert sum(codec.decode(m.value, m.headers)[0].num_rows for m in sent) == len(events)
+        bus.close()
