@@ -131,6 +131,11 @@ def classify_error(error: Mapping[str, Any], *, scoring_started: bool = False) -
     return found
 
 
+def _clip(text: str, limit: int = 2000) -> str:
+    """`text` within `limit` characters, its head and its tail kept (a harness's traceback ends with the cause)."""
+    return text if len(text) <= limit else f"{text[:300]} … {text[-(limit - 303) :]}"
+
+
 def outcome(trace: Mapping[str, Any]) -> tuple[taxonomy.Failure, str | None]:
     """(failure, message) of a finished trace, per the failure taxonomy."""
     errors = list(trace.get("errors") or [])
@@ -139,7 +144,7 @@ def outcome(trace: Mapping[str, Any]) -> tuple[taxonomy.Failure, str | None]:
     if errors:
         last = errors[-1]
         failure = classify_error(last, scoring_started=scoring)
-        return failure, f"{last.get('type')}: {last.get('message')}"[:2000]
+        return failure, _clip(f"{last.get('type')}: {last.get('message')}")
     if stop in _STOPS:
         return _STOPS[stop], f"stop condition {stop}"
     if not trace.get("ok", True):
@@ -291,14 +296,14 @@ def record_trace(
     failure, message = outcome(trace)
     if retried:
         failure = failure if failure.origin == taxonomy.SYSTEM else taxonomy.HARNESS_FAILED
-        message = f"abandoned by a verifiers retry ({retried}); {message or 'no error recorded'}"[:2000]
+        message = _clip(f"abandoned by a verifiers retry ({retried}); {message or 'no error recorded'}")
     rewards = {k: v for k, v in (trace.get("rewards") or {}).items()}
     scored = {k: float(v["score"]) * float(v.get("weight", 1.0)) for k, v in rewards.items() if v is not None}
     if failure.reward_valid and scored:
         traj.reward(sum(scored.values()), components=scored if len(scored) > 1 else None, verifier=SOURCE)
     elif rewards or not failure.reward_valid:
         why = message or "scoring did not run (a reward is None)"
-        traj.reward(None, verifier=SOURCE, verifier_error=why[:500])
+        traj.reward(None, verifier=SOURCE, verifier_error=_clip(why, 500))
     traj.finish(failure.status, failure_origin=failure.origin, failure_label=failure.label, message=message)
     return result
 
@@ -480,15 +485,16 @@ def read_traces_file(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ImportFormatError(
-                    f"{path}:{lineno}: not JSON ({err.msg}); is this a vf-eval traces.jsonl?"
+                    f"line {lineno}: not JSON ({err.msg}); is this a vf-eval traces.jsonl?", path=str(path)
                 ) from None
             traces = row.get("traces") if isinstance(row, Mapping) else None
             if traces is None and isinstance(row, Mapping) and "nodes" in row:
                 traces = [row]  # a bare trace record
             if not isinstance(traces, list):
                 raise ImportFormatError(
-                    f"{path}:{lineno}: neither an episode (with `traces`) nor a trace (with `nodes`); "
-                    "pass the traces.jsonl a vf-eval run wrote"
+                    f"line {lineno}: neither an episode (with `traces`) nor a trace (with `nodes`); "
+                    "pass the traces.jsonl a vf-eval run wrote",
+                    path=str(path),
                 )
             for trace in traces:
                 yield lineno, trace
@@ -507,17 +513,17 @@ def import_verifiers(
             path = path / "traces.jsonl"
         if not path.is_file():
             raise ImportFormatError(
-                f"{name}: no such file; pass a vf-eval run's traces.jsonl (or its directory)"
+                "no such file; pass a vf-eval run's traces.jsonl (or its directory)", path=str(name)
             )
         paths.append(path)
     for path in paths:
         for lineno, trace in read_traces_file(path):
             if not isinstance(trace, Mapping) or "id" not in trace:
-                raise ImportFormatError(f"{path}:{lineno}: a trace without an id")
+                raise ImportFormatError(f"line {lineno}: a trace without an id", path=str(path))
             try:
                 check_version((trace.get("verifiers") or {}).get("version"), trace.get("version"))
             except UnsupportedVerifiers as err:
-                raise ImportFormatError(f"{path}:{lineno}: {err}") from None
+                raise ImportFormatError(f"line {lineno}: {err}", path=str(path)) from None
             task = trace.get("task") or {}
             key = str(task.get("key") or task.get("hash") or trace["id"])
             sample = samples.get(key, 0)
