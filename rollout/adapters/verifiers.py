@@ -474,6 +474,81 @@ def _strip_pending(trace: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in trace.items() if k != "pending"}
 
 
+# -- vLLM 0.32's generate answers for verifiers 0.4.0 -------------------------------------------
+class TokenFieldProxy:
+    """A local HTTP proxy to vLLM that adds `token: "token_id:N"` to each logprob entry of
+    `/inference/v1/generate` answers and changes nothing else.
+
+    verifiers 0.4.0's `TrainClient` (its `renderers` 0.1.12) rejects a logprob entry without
+    that field ("Engine response choice.logprobs.content[0].token must be 'token_id:N'");
+    vLLM 0.32 answers `{"token_id": N, "logprob": ...}`. Point `TrainClientConfig.base_url` at
+    `proxy.url`. `answers` keeps every generate answer as vLLM sent it (for checks).
+
+        with TokenFieldProxy("http://127.0.0.1:8000") as proxy:
+            client = vf.TrainClientConfig(base_url=proxy.url, ...)
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.answers: list[dict[str, Any]] = []
+        self.url = ""
+        self._server: Any = None
+
+    def __enter__(self) -> TokenFieldProxy:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        import httpx
+
+        proxy = self
+        http = httpx.Client(base_url=self.upstream, timeout=600)
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self, method: str) -> None:
+                body = (
+                    self.rfile.read(int(self.headers.get("content-length") or 0))
+                    if method == "POST"
+                    else None
+                )
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")
+                }
+                answer = http.request(method, self.path, content=body, headers=headers)
+                data = answer.content
+                if self.path.startswith("/inference/v1/generate") and answer.status_code == 200:
+                    payload = answer.json()
+                    proxy.answers.append(json.loads(data))
+                    for choice in payload.get("choices") or []:
+                        for entry in (choice.get("logprobs") or {}).get("content") or []:
+                            if "token_id" in entry:
+                                entry.setdefault("token", f"token_id:{entry['token_id']}")
+                    data = json.dumps(payload).encode()
+                self.send_response(answer.status_code)
+                self.send_header("content-type", answer.headers.get("content-type", "application/json"))
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._forward("GET")
+
+            def do_POST(self) -> None:
+                self._forward("POST")
+
+        self._http = http
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._http.close()
+
+
 # -- import of a finished vf-eval run ------------------------------------------------------------
 def read_traces_file(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
     """(line number, trace dict) for every trace of every episode in a `traces.jsonl`."""
