@@ -125,6 +125,22 @@ def test_a_trace_without_token_ids_is_stored_as_text_and_flagged(recorded):
     assert any("no token ids; stored as text" in w for w in recorded["tap"]["warnings"])
 
 
+@pytest.mark.integration  # a process in the verifiers venv
+def test_the_on_delta_tap_records_a_served_episode_and_its_discarded_attempt_once(run_verifiers, tmp_path):
+    # the deltas come from verifiers' own DeltaStreamer, through msgpack, as EnvClient.run hands them on
+    result = run_verifiers("deltas", "--lake", str(tmp_path / "lake"), "--run-id", "vf-delta")
+    rows = trajectories(tmp_path / "lake", "vf-delta")
+    assert set(rows) == {result["ids"]["good"], result["ids"]["retried"]} and result["deltas"] >= 3
+    assert all(r["finished_events"] == 1 for r in rows.values())
+    good, retried = rows[result["ids"]["good"]], rows[result["ids"]["retried"]]
+    assert good["status"] == "completed" and [t["output_token_ids"] for t in good["turns"]] == [
+        [5, 6, 7],
+        [11, 12],
+    ]
+    assert same_floats(good["turns"][0]["output_logprobs"], [-0.123456789, -1.5, -0.25])  # full precision
+    assert "retried" in retried["tags"] and retried["failure_label"] == "infra"
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", "from trajlake.cli import run; run()", *args],
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
