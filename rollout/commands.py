@@ -1,4 +1,4 @@
-"""CLI commands of the rollout toolkit: `import harbor|skyrl|agent-lightning`, `doctor`, `loadgen`."""
+"""CLI commands of the rollout toolkit: `import harbor|skyrl|agent-lightning|verifiers`, `doctor`, `loadgen`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from trajlake.store.config import CatalogSettings, HealthSettings
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the rollout toolkit's commands."""
     p = subparsers.add_parser(
-        "import", help="import other tools' rollouts (Harbor, SkyRL, Agent Lightning) into the lake"
+        "import",
+        help="import other tools' rollouts (Harbor, SkyRL, Agent Lightning, verifiers) into the lake",
     )
     sources = p.add_subparsers(dest="source", metavar="SOURCE", required=True)
 
@@ -42,6 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _common_import_options(a)
     a.set_defaults(handler=run_import_agent_lightning)
+
+    v = sources.add_parser(
+        "verifiers", help="finished vf-eval runs (verifiers 0.4 traces.jsonl): one trajectory per trace"
+    )
+    v.add_argument(
+        "files", metavar="FILE", nargs="+", help="traces.jsonl files (or the run directories holding them)"
+    )
+    _common_import_options(v)
+    v.set_defaults(handler=run_import_verifiers)
 
     d = subparsers.add_parser(
         "doctor",
@@ -111,6 +121,20 @@ def run_import_skyrl(args: argparse.Namespace) -> int:
     try:
         with Progress(None, "skyrl trajectories", unit="trajectories") as progress:
             report = import_skyrl(Lake(args.lake), args.files, args.run_id, progress=progress)
+    except ImportFormatError as err:
+        raise CliError(str(err)) from None
+    return _print_report(report, args.json)
+
+
+def run_import_verifiers(args: argparse.Namespace) -> int:
+    from trajlake.rollout.adapters.verifiers import import_verifiers
+    from trajlake.rollout.errors import ImportFormatError
+    from trajlake.schemas.terminal import Progress
+    from trajlake.store.lake import Lake
+
+    try:
+        with Progress(None, "verifiers traces", unit="traces") as progress:
+            report = import_verifiers(Lake(args.lake), args.files, args.run_id, progress=progress)
     except ImportFormatError as err:
         raise CliError(str(err)) from None
     return _print_report(report, args.json)

@@ -20,6 +20,7 @@ pytest_plugins = [
         "tests.fixtures.s3",
         "tests.fixtures.vllm",
         "tests.fixtures.agent_lightning",
+        "tests.fixtures.verifiers_venv",
     )
     if (Path(__file__).parent / "fixtures" / (name.rsplit(".", 1)[1] + ".py")).exists()
 ]
