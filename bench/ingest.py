@@ -74,6 +74,10 @@ class _KafkaShaped(InProcessBus):
         return Packing(kafka_partition_of(partitions), self.pack_bytes) if self.pack_bytes else None
 
 
+PACKED_BYTES = 256 * 1024
+"""The pack size of the `*_packed` variants when --pack-bytes is 0 (the default: no packing)."""
+
+
 def workload(trajectories: int, pack_bytes: int = 0) -> tuple[list[Message], pa.Table, int]:
     """Encoded messages (as producers send them), the decoded events, and the token count."""
     bus = _KafkaShaped(pack_bytes)
@@ -387,9 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             # the codecs side by side on the same backlog: bytes on the wire against CPU at both ends
             # and packed against one trajectory per message
-            packed = workload(
-                trajectories, args.pack_bytes or KafkaConfig.model_fields["pack_bytes"].default
-            )[0]
+            packed = workload(trajectories, args.pack_bytes or PACKED_BYTES)[0]
             codec_runs: dict[str, list[Run]] = {c: [] for c in VARIANTS}
             for _ in range(args.repeats):
                 for name, (c, pack) in VARIANTS.items():

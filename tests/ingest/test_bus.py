@@ -147,8 +147,9 @@ def test_kafka_publish_packs_trajectories_of_one_partition_and_json_stays_one_pe
     partitions = {partition_of(f"t{i}") for i in range(12)}
     for wire_format, expected in (("arrow", len(partitions)), ("json", 12)):
         config = KafkaConfig(
-            bootstrap="127.0.0.1:9", topic="packs", spool_dir=tmp_path / "spool", wire_format=wire_format
-        )
+            bootstrap="127.0.0.1:9", topic="packs", spool_dir=tmp_path / "spool", wire_format=wire_format,
+            pack_bytes=256 * 1024,
+        )  # fmt: skip
         bus = KafkaBus(config)
         bus._partitions = [0, 1, 2, 3]  # as the producer's metadata would tell; nothing connects
         sent: list = []
