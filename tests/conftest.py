@@ -52,6 +52,24 @@ def drain(lake: Lake, bus: InProcessBus):
     return _drain
 
 
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    """The tiny Qwen2 chat model `trajlake model init` writes (shared: read it, never change it)."""
+    from trajlake.cli import main
+
+    target = tmp_path_factory.mktemp("model") / "tiny"
+    assert main(["model", "init", str(target), "--vocab-size", "400", "--seed", "3"]) == 0
+    return target
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path):
+    """The tiny model's tokenizer, loaded with transformers."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+
+
 @pytest.fixture(autouse=True)
 def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests talk to loopback servers only; a proxy in the environment must not intercept them."""

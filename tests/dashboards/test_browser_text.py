@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import html
 import re
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from transformers import AutoTokenizer
 
-from trajlake.cli import main
 from trajlake.dashboards.commands import APP
 from trajlake.dashboards.views.token_overlays import OVERLAYS
 from trajlake.ingest.bus.inprocess import InProcessBus
@@ -22,18 +19,6 @@ from trajlake.store.lake import Lake
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {}}}]
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "3 + 4"}}\n</tool_call><|im_end|>'
 ADVANTAGE = 0.75
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("model") / "tiny"
-    assert main(["model", "init", str(target), "--vocab-size", "400", "--seed", "3"]) == 0
-    return target
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir):
-    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
 def play(recorder: Recorder, tokenizer, model: str, trajectory_id: str) -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from transformers import AutoTokenizer
 
 from trajlake.cli import main
 from trajlake.ingest.bus.inprocess import InProcessBus
@@ -36,18 +35,6 @@ def record_chat(recorder: Recorder, tokenizer, trajectory_id: str, model: str) -
         traj.turn(out, [-0.5] * len(out), 0, input_token_ids=tokenizer.encode(prompt))
     traj.reward(1.0)
     traj.finish("completed")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("model") / "tiny"
-    assert main(["model", "init", str(target), "--vocab-size", "400", "--seed", "3"]) == 0
-    return target
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir):
-    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
 @pytest.fixture(scope="module")

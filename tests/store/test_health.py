@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
 from tests.health_runs import ONSET, PATHOLOGIES, STEPS, build_health_lake
 from trajlake.cli import main
@@ -107,15 +105,7 @@ def test_doctor_thresholds_are_options(health_lake, capsys):
     assert code == 0, capsys.readouterr().out
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("model") / "tiny"
-    assert main(["model", "init", str(target), "--vocab-size", "400", "--seed", "3"]) == 0
-    return target
-
-
-def test_unprintable_text_is_found_with_the_runs_tokenizer(lake, bus, drain, model_dir):
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+def test_unprintable_text_is_found_with_the_runs_tokenizer(lake, bus, drain, model_dir, tokenizer):
     rng = random.Random(5)
     recorder = Recorder(bus, "text", flush_each_turn=False)
     for version in range(STEPS):

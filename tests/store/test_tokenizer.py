@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from transformers import AutoTokenizer
 
 from trajlake.cli import main
 from trajlake.ingest.bus.inprocess import InProcessBus
@@ -16,18 +13,6 @@ from trajlake.store.tokenizer import TokenizerNotFound, find_decoder
 
 PROMPT = "<|im_start|>user\nWhat is 2+3? Answer in Français.<|im_end|>\n<|im_start|>assistant\n"
 ANSWER = "Cinq — ça fait 5.<|im_end|>"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("model") / "tiny"
-    assert main(["model", "init", str(target), "--vocab-size", "400", "--seed", "5"]) == 0
-    return target
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir):
-    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
 @pytest.fixture(scope="module")
