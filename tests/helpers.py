@@ -55,6 +55,22 @@ def trajlake(
     return result
 
 
+def quick_bench(name: str, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """Run `bench/<name>.py --quick --json` (no assertion on speed); return its stdout and figures."""
+    import json
+
+    out = tmp_path / f"{name}.json"
+    script = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
 def clean_env(home: Any, **env: str) -> dict[str, str]:
     """A minimal environment for a CLI subprocess: PATH, HOME=`home`, plus `env` (no inherited TRAJLAKE_*, AWS_*)."""
     return {"PATH": "/usr/bin:/bin", "HOME": str(home), **env}
