@@ -48,7 +48,7 @@ from trajlake.dashboards.query import (
     version_join,
     versions_clause,
 )
-from trajlake.schemas.tables import MISMATCH_THRESHOLD
+from trajlake.store.config import MISMATCH_THRESHOLD
 from trajlake.store.sql import connection
 
 __all__ = [

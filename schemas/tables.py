@@ -91,10 +91,6 @@ BATCH_CONSUMPTION_SCHEMA = _projection(
     "batch_consumption", "run_id", "step", "trainer_version", "trajectory_id", ("staleness", _I64), "event_time",
 )  # fmt: skip
 
-MISMATCH_THRESHOLD = 0.03
-"""Healthy train/inference logprob mismatch (`trainer_steps.mismatch`, the mean absolute
-difference of trainer and rollout logprobs): below this."""
-
 TRAINER_STEPS_SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),

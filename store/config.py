@@ -8,7 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
 
 from trajlake.schemas.settings import Settings, cli
-from trajlake.schemas.tables import MISMATCH_THRESHOLD
+
+MISMATCH_THRESHOLD = 0.03
+"""Healthy train/inference logprob mismatch (`trainer_steps.mismatch`, the mean absolute
+difference of trainer and rollout logprobs): below this."""
 
 
 class LakeConfig(BaseModel):

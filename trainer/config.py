@@ -8,8 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from trajlake.schemas.settings import LakeSettings, RunSettings, Settings, cli
-from trajlake.schemas.tables import MISMATCH_THRESHOLD
-from trajlake.store.config import CatalogSettings
+from trajlake.store.config import MISMATCH_THRESHOLD, CatalogSettings
 
 AGGREGATION_MODES = ("token_mean", "sequence_mean", "prompt_mean")
 POLICY_LOSSES = ("ppo", "dppo", "dppo_kl", "glm5", "tis")

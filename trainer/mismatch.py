@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trajlake.schemas.tables import MISMATCH_THRESHOLD
+from trajlake.store.config import MISMATCH_THRESHOLD
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
