@@ -71,6 +71,15 @@ def quick_bench(name: str, tmp_path: Path) -> tuple[str, dict[str, Any]]:
     return proc.stdout, json.loads(out.read_text())
 
 
+def framework_venv(name: str) -> Path:
+    """The venv of RL framework `name` (scripts/framework-venv.sh: cached after the first build)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "framework-venv.sh"
+    done = subprocess.run([str(script), name], capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"building the {name} venv failed:\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 def clean_env(home: Any, **env: str) -> dict[str, str]:
     """A minimal environment for a CLI subprocess: PATH, HOME=`home`, plus `env` (no inherited TRAJLAKE_*, AWS_*)."""
     return {"PATH": "/usr/bin:/bin", "HOME": str(home), **env}
