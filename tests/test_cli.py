@@ -17,12 +17,14 @@ CONTRACT = ("demo", "loadgen", "sql", "rebuild", "compact", "kafka", "ingest", "
 F_SETPIPE_SZ = 1031  # Linux: set a pipe's buffer size
 
 
+@pytest.mark.integration  # runs the trajlake CLI in a process
 def test_help_lists_every_contract_command() -> None:
     out = trajlake("--help").stdout
     for name in CONTRACT:
         assert name in out, name
 
 
+@pytest.mark.integration  # runs the trajlake CLI in a process
 def test_help_imports_nothing_heavy() -> None:
     code = (
         "import sys\nfrom trajlake.cli import build_parser\nbuild_parser()\n"
@@ -43,6 +45,7 @@ def test_loadgen_json_prints_counts_that_match_the_lake(tmp_path) -> None:
     assert got == {k: counts[k] for k in ("events", "trajectories", "tokens")}
 
 
+@pytest.mark.integration  # runs the trajlake CLI in a process
 def test_bad_options_name_the_fix(tmp_path) -> None:
     out = trajlake("loadgen", "--lake", str(tmp_path), "--trajectories", "0", check=False)
     assert out.returncode == 2 and "trajectories" in out.stderr and "TRAJLAKE_TRAJECTORIES" in out.stderr
@@ -57,6 +60,7 @@ def test_options_read_environment_variables(tmp_path) -> None:
     assert (tmp_path / "envlake" / "events" / "_delta_log").is_dir()
 
 
+@pytest.mark.integration  # runs the trajlake CLI in a process
 def test_rebuild_of_a_missing_lake_fails_with_a_hint(tmp_path) -> None:
     out = trajlake("rebuild", "--lake", str(tmp_path / "nothing"), check=False)
     assert out.returncode == 2 and "no events table" in out.stderr

@@ -12,6 +12,8 @@ from trajlake.dashboards.app import PAGES
 from trajlake.dashboards.commands import APP
 from trajlake.dashboards.views.compare import BY_STEP, BY_VERSION
 
+pytestmark = pytest.mark.integration  # renders the whole Streamlit app (AppTest)
+
 RUN = "dash-run"
 OTHER = "dash-run-b"
 CHARTS_PER_PAGE = {

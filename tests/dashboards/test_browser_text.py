@@ -16,6 +16,8 @@ from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.engine.chat import ChatSession
 from trajlake.store.lake import Lake
 
+pytestmark = pytest.mark.integration  # renders the whole Streamlit app (AppTest)
+
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {}}}]
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "3 + 4"}}\n</tool_call><|im_end|>'
 ADVANTAGE = 0.75

@@ -41,6 +41,7 @@ def test_metrics_json_is_the_dashboard_report(dash_lake, capsys):
     assert set(printed["pass_at_k"]) == {str(k) for k in range(1, 17)}
 
 
+@pytest.mark.integration  # renders the whole Streamlit app (AppTest)
 def test_metrics_match_the_figures_the_app_shows(dash_lake, capsys, monkeypatch):
     printed = metrics_json(dash_lake, capsys)
     monkeypatch.setenv("TRAJLAKE_LAKE", dash_lake.root)

@@ -9,6 +9,8 @@ from streamlit.testing.v1 import AppTest
 from tests.health_runs import ONSET, build_health_lake
 from trajlake.dashboards.commands import APP
 
+pytestmark = pytest.mark.integration  # renders the whole Streamlit app (AppTest)
+
 
 @pytest.fixture(scope="module")
 def health_lake(tmp_path_factory):

@@ -61,6 +61,7 @@ def untimed_lake(tmp_path_factory) -> Lake:
     return lake
 
 
+@pytest.mark.integration  # renders the whole Streamlit app (AppTest)
 def test_latency_page_shows_percentiles_per_version_that_match_sql(dash_lake, monkeypatch):
     at = render(dash_lake, monkeypatch, "latency")
     expected = {
@@ -94,6 +95,7 @@ def test_latency_page_shows_percentiles_per_version_that_match_sql(dash_lake, mo
     assert not at.info  # every turn of a loadgen run carries its latency
 
 
+@pytest.mark.integration  # renders the whole Streamlit app (AppTest)
 def test_the_slowest_trajectory_comes_first_and_its_link_opens_the_browser_on_it(dash_lake, monkeypatch):
     at = render(dash_lake, monkeypatch, "latency")
     slowest = shown_table(at, "generation_s")
@@ -114,6 +116,7 @@ def test_the_slowest_trajectory_comes_first_and_its_link_opens_the_browser_on_it
     assert "trajectory" not in browser.query_params
 
 
+@pytest.mark.integration  # renders the whole Streamlit app (AppTest)
 def test_latency_page_follows_the_version_range(dash_lake, monkeypatch):
     at = render(dash_lake, monkeypatch, "latency")
     at.select_slider(key=f"versions:{RUN}").set_value((1, 2)).run()
@@ -125,6 +128,7 @@ def test_latency_page_follows_the_version_range(dash_lake, monkeypatch):
     assert "Turns per trajectory, by policy version" in chart_titles(at)
 
 
+@pytest.mark.integration  # renders the whole Streamlit app (AppTest)
 def test_a_run_without_recorded_latency_says_so_and_still_shows_lengths(untimed_lake, monkeypatch):
     at = render(untimed_lake, monkeypatch, "latency")
     notes = " ".join(i.value for i in at.info)

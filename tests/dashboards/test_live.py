@@ -10,6 +10,8 @@ from streamlit.testing.v1.local_script_runner import LocalScriptRunner
 from tests.dashboards.conftest import RUN_ID, append_trajectories, build_lake, trajectories_in
 from trajlake.dashboards.commands import APP
 
+pytestmark = pytest.mark.integration  # renders the whole Streamlit app (AppTest)
+
 
 class Browser:
     """What the browser does with the app's messages: it keeps the page fragment's `auto_rerun`

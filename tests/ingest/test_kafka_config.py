@@ -72,6 +72,7 @@ def test_setup_bus_builds_the_backend_named_by_its_type() -> None:
         setup_bus("carrier-pigeon")  # type: ignore[arg-type]
 
 
+@pytest.mark.integration  # runs the trajlake CLI in a process
 def test_the_ingest_command_explains_a_missing_bootstrap() -> None:
     exe = str(Path(sys.executable).parent / "trajlake")
     proc = subprocess.run(

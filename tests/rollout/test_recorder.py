@@ -31,6 +31,7 @@ def record_three(recorder: Recorder) -> None:
         t.finish("completed")
 
 
+@pytest.mark.integration  # runs the trajlake CLI in a process
 def test_three_trajectories_show_up_exactly_in_sql(lake, bus, drain) -> None:
     record_three(Recorder(bus, "run-a", vocab_size=128))
     drain()

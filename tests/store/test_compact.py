@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import trajlake
 from trajlake.store.lake import Lake
+
+pytestmark = pytest.mark.integration  # runs the trajlake CLI in processes
 
 
 def test_compact_merges_files_and_keeps_every_row(tmp_path) -> None:

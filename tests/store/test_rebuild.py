@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pyarrow as pa
+import pytest
 
 from tests.helpers import trajlake
 from trajlake.ingest.bus.inprocess import InProcessBus
@@ -30,6 +31,7 @@ def snapshot(lake: Lake) -> dict[str, pa.Table]:
     }
 
 
+@pytest.mark.integration  # runs the trajlake CLI in a process
 def test_rebuild_after_deleting_projections_gives_identical_rows(tmp_path) -> None:
     root = tmp_path / "lake"
     trajlake("loadgen", "--lake", str(root), "--trajectories", "500", "--json")

@@ -10,16 +10,21 @@ import pyarrow as pa
 import pytest
 
 from tests.helpers import trajlake
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.store.errors import ReadOnlyQueryError
-from trajlake.store.lake import TABLES
+from trajlake.store.lake import TABLES, Lake
 
 
-@pytest.fixture
-def filled(lake, bus, drain):
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """24 loadgen trajectories, shared by the module's tests (they only read: writes are refused)."""
+    lake, bus = Lake(tmp_path_factory.mktemp("sql") / "lake"), InProcessBus()
     generate(bus, LoadgenConfig(trajectories=24, seed=5))
-    drain()
-    return lake
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    yield lake
+    lake.close()
 
 
 def test_every_table_is_queryable_by_name(filled) -> None:
@@ -71,12 +76,14 @@ def test_cli_formats(filled) -> None:
     )
 
 
+@pytest.mark.integration  # runs the trajlake CLI in a process
 def test_cli_refusal_goes_to_stderr_with_exit_2(filled) -> None:
     out = trajlake("sql", "--lake", filled.root, "drop table events", check=False)
     assert out.returncode == 2 and out.stdout == ""
     assert "read-only: DROP statements are refused" in out.stderr
 
 
+@pytest.mark.integration  # runs the trajlake CLI in a process
 def test_cli_bad_column_is_an_error_not_a_traceback(filled) -> None:
     out = trajlake("sql", "--lake", filled.root, "select no_such_column from trajectories", check=False)
     assert out.returncode == 2 and "no_such_column" in out.stderr and "Traceback" not in out.stderr
