@@ -170,6 +170,10 @@ def load_decoder(path: str) -> Decoder:
     Never downloads. Raises `TokenizerNotFound` (its message says why) when none loads."""
     if not path:
         raise TokenizerNotFound("no model recorded")
+    if not (
+        Path(path).exists() or _in_hf_cache(path)
+    ):  # decided before transformers (and torch) load: seconds
+        raise TokenizerNotFound(f"{path} is neither a directory here nor a model in the Hugging Face cache")
     try:
         import transformers
     except ImportError:
@@ -191,6 +195,21 @@ def load_decoder(path: str) -> Decoder:
             f"{path} is neither a directory here nor a model in the Hugging Face cache"
         ) from None
     return Decoder(tokenizer, path)
+
+
+def _in_hf_cache(name: str) -> bool:
+    """True if the Hugging Face cache holds a tokenizer of model `name`."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # comes with transformers: without it nothing is cached
+        return False
+    try:
+        return any(
+            isinstance(try_to_load_from_cache(name, file), str)
+            for file in ("tokenizer.json", "tokenizer_config.json")
+        )
+    except ValueError:  # not a repository id
+        return False
 
 
 def _first_line(err: BaseException) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from trajlake.cli import main
@@ -9,7 +11,7 @@ from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.store.lake import Lake
-from trajlake.store.tokenizer import TokenizerNotFound, find_decoder
+from trajlake.store.tokenizer import TokenizerNotFound, find_decoder, load_decoder
 
 PROMPT = "<|im_start|>user\nWhat is 2+3? Answer in Français.<|im_end|>\n<|im_start|>assistant\n"
 ANSWER = "Cinq — ça fait 5.<|im_end|>"
@@ -69,6 +71,18 @@ def test_a_tokenizer_that_cannot_be_found_names_the_fix(model, override, says) -
     with pytest.raises(TokenizerNotFound) as err:
         find_decoder(model, override)
     assert says in str(err.value) and "--tokenizer" in str(err.value)
+
+
+def test_a_model_neither_here_nor_cached_is_ruled_out_before_transformers_loads(monkeypatch) -> None:
+    # loading transformers (and torch) takes seconds: the Health page of a run whose model is a
+    # remote name paid them on every cold render, only to learn that nothing could load
+    monkeypatch.setitem(sys.modules, "transformers", None)  # importing it now fails
+    load_decoder.cache_clear()
+    with pytest.raises(
+        TokenizerNotFound, match="neither a directory here nor a model in the Hugging Face cache"
+    ):
+        find_decoder("synthetic-7b")
+    load_decoder.cache_clear()
 
 
 def sql(lake: Lake, query: str, *options: str) -> int:
