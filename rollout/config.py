@@ -155,6 +155,12 @@ class LoadgenConfig(Settings):
     context_budget_tokens: int = Field(32_768, ge=64, description="Context budget per trajectory.")
     zipf_a: float = Field(1.1, gt=1.0, description="Zipf exponent of token frequencies.")
     seed: int = Field(0, description="Random seed; the same seed gives the same tokens and outcomes.")
+    first_group: int = Field(
+        0,
+        ge=0,
+        description="Index of the first prompt group (a run grown by several calls keeps its groups apart).",
+    )
+    first_version: int = Field(0, ge=0, description="Policy version of the first trajectories.")
 
     @model_validator(mode="after")
     def _turns_within_limit(self) -> LoadgenConfig:

@@ -246,14 +246,15 @@ def generate(
     version = -1
     batch = _ColumnBatch(config.run_id, config.vocab_size)
     for i in range(config.trajectories):
-        v = min(i // per_version, config.policy_versions - 1)
+        v = config.first_version + min(i // per_version, config.policy_versions - 1)
         if v != version:
             version = v
             batch.policy_updated(version, step=version, checkpoint=f"ckpt/step-{version}")
         group = i // config.group_size
         _trajectory(
-            batch, config, rng, tokens, group, i % config.group_size, version, difficulty[group], counts
-        )
+            batch, config, rng, tokens, config.first_group + group, i % config.group_size, version,
+            difficulty[group], counts,
+        )  # fmt: skip
         counts.trajectories += 1
         if on_trajectory:
             on_trajectory(i)
@@ -308,7 +309,7 @@ def _trajectory(
         traj.turn(
             out,
             tokens.logprobs(n_out),
-            min(turn_version, config.policy_versions - 1),
+            min(turn_version, config.first_version + config.policy_versions - 1),
             input_token_ids=appended,
             finish_reason="stop",
             context_used_fraction=fraction,

@@ -17,6 +17,22 @@ def test_a_small_workload_lands_whole_and_valid(lake, bus, drain) -> None:
     assert lake.sql("select count(*) as n from trajectories").column("n")[0].as_py() == 12
 
 
+def test_a_run_grown_by_two_calls_keeps_its_groups_apart_and_its_versions_rising(lake, bus, drain) -> None:
+    generate(bus, LoadgenConfig(trajectories=8, group_size=4, policy_versions=2, seed=1))
+    generate(
+        bus,
+        LoadgenConfig(
+            trajectories=8, group_size=4, policy_versions=2, first_group=2, first_version=2, seed=2
+        ),
+    )
+    drain()
+    groups = lake.sql(
+        "select group_id, count(*) as n, min(policy_version_min) as v from trajectories group by group_id order by group_id"
+    ).to_pylist()
+    assert [(g["n"], g["v"]) for g in groups] == [(4, 0), (4, 1), (4, 2), (4, 3)]
+    assert len({g["group_id"] for g in groups}) == 4
+
+
 def test_batches_hold_every_events_column_and_encode_json_fields() -> None:
     batch = _ColumnBatch("r", vocab_size=100)
     batch.start(task_id="t", group_id="g", sample_index=0, sampling_params={"temperature": 1.0})
