@@ -190,10 +190,10 @@ def time_scan(lake: Lake, tables: list[str]) -> float:
     return elapsed
 
 
-def time_render(root: Path, page: str) -> tuple[float, float]:
+def time_render(root: Path, page: str, run: str = RUN, runs: list[str] = RUNS) -> tuple[float, float]:
     """Seconds for Streamlit's AppTest to render the whole page, caches cleared; then to rerun it.
 
-    The comparison page opens with every run of RUNS (`?runs=`); the others with the sidebar's run.
+    The comparison page opens with `runs` (`?runs=`); the others with `run`.
     """
     import streamlit as st
     from streamlit.testing.v1 import AppTest
@@ -203,9 +203,9 @@ def time_render(root: Path, page: str) -> tuple[float, float]:
     st.cache_resource.clear()
     at = AppTest.from_file(str(APP), default_timeout=600)
     at.query_params["page"] = page
-    at.query_params["run"] = RUN
+    at.query_params["run"] = run
     if page == "compare":
-        at.query_params["runs"] = ",".join(RUNS)
+        at.query_params["runs"] = ",".join(runs)
     t0 = time.perf_counter()
     at.run()
     elapsed = time.perf_counter() - t0

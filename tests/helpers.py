@@ -55,14 +55,14 @@ def trajlake(
     return result
 
 
-def quick_bench(name: str, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    """Run `bench/<name>.py --quick --json` (no assertion on speed); return its stdout and figures."""
+def quick_bench(name: str, tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
+    """Run `bench/<name>.py --quick --json [args]` (no assertion on speed); return its stdout and figures."""
     import json
 
     out = tmp_path / f"{name}.json"
     script = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
     proc = subprocess.run(
-        [sys.executable, str(script), "--quick", "--json", str(out)],
+        [sys.executable, str(script), "--quick", "--json", str(out), *args],
         capture_output=True,
         text=True,
         timeout=600,

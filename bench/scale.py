@@ -1,0 +1,354 @@
+"""Scale benchmark: how the lake's costs grow as one run grows from millions of tokens to a billion.
+
+One run is appended to in steps through the production ingest path (loadgen -> in-process bus
+-> sink with its default flush rules, so commits pile up as in a live run; a new policy
+version every 2,000 trajectories, as a trainer's versions advance). At each size, in a fresh
+process (so its peak RSS is the step's own), it measures:
+  ingest_tokens_per_s     the growth step's sink throughput (generating the events is untimed)
+  catch_up_s              projections catching up on a fixed batch of 1,000 new trajectories
+                          committed with projections off (what a lagging projector does)
+  point_lookup_cold_s     one trajectory's token_ids, logprobs and loss_mask by trajectory_id, on
+                          a fresh Lake (its DuckDB engine and Delta snapshots opened by the query)
+  point_lookup_warm_s     the same lookup again (median of 3)
+  sql_<name>_s            five aggregates users run; slowest_sql_s is the largest
+  page_<name>_s           every dashboard page rendered by Streamlit's AppTest, caches cleared;
+                          slowest_page_s is the largest; metrics_s is `trajlake metrics --format json`
+  sampler_batch_s         a batch of 32 groups of 8 (up to 256 trajectories; staleness filter) leased in
+                          a SQLite catalog; lease_round_trip_s releases and claims it again
+  rebuild_s, compact_s    `rebuild` of every projection and `compact` (optimize, no vacuum), each
+                          checked to leave the run's aggregates unchanged (so every size after the
+                          first starts from a compacted lake, as a run compacted now and then)
+  peak_rss_mb             peak RSS of the step's process (growth and every measurement)
+  events_commits, files, lake_bytes_per_token   Delta commits of `events`, data files of every
+                          table and bytes of the whole lake directory per token, as ingest left them
+The table prints every figure at every size and its growth factor (largest size / smallest).
+At the top size the long shape (~10k-token trajectories) is built and measured too.
+
+    python bench/scale.py [--quick] [--json PATH] [--sizes 1e6,1e7,...] [--lake DIR]
+
+Full: 1e7, 1e8, 1e9 tokens; --quick: 1e6, 1e7, 1e8 (100x, so growth factors mean something).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RUN = "bench-scale"
+CHUNK = 2_000
+"""Trajectories per loadgen call: one policy version each, generated, then drained by the sink."""
+CATCH_UP_TRAJECTORIES = 1_000
+BATCH_TRAJECTORIES = 256
+GROUP_SIZE = 8
+SHAPES: dict[str, dict[str, int]] = {
+    # loadgen shapes: ~1k and ~10k tokens per trajectory (prompt + tool output + sampled)
+    "short": {"turns": 4, "max_turns": 8, "prompt_tokens": 160, "output_tokens": 160, "env_tokens": 80},
+    "long": {"turns": 16, "max_turns": 32, "prompt_tokens": 640, "output_tokens": 480, "env_tokens": 160},
+}
+FULL_SIZES = [1e7, 1e8, 1e9]
+QUICK_SIZES = [1e6, 1e7, 1e8]
+REPORTED = ("point_lookup_warm_s", "point_lookup_cold_s", "catch_up_s", "sampler_batch_s", "slowest_page_s",
+            "slowest_sql_s", "peak_rss_mb", "lake_bytes_per_token")  # fmt: skip
+
+SQL = {
+    "reward_by_version": "select policy_version_max as version, avg(reward) as reward, count(*) as n "
+    "from trajectories where run_id = $run group by 1 order by 1",
+    "failures": "select failure_origin, failure_label, count(*) as n from trajectories where run_id = $run "
+    "group by all order by n desc",
+    "tool_success": "select tool_name, avg(ok::int) as success, count(*) as calls from tool_calls "
+    "where run_id = $run group by 1 order by 1",
+    "tokens_per_turn": "select quantile_cont(n_output_tokens, [0.5, 0.9, 0.99]) as p from turns where run_id = $run",
+    "staleness": "select v.latest - t.policy_version_min as staleness, count(*) as n from trajectories t, "
+    "(select max(policy_version) as latest from policy_versions where run_id = $run) v "
+    "where t.run_id = $run group by 1 order by 1",
+}
+UNCHANGED = (
+    "select (select count(*) from trajectories) as trajectories, (select sum(total_tokens) from trajectories) "
+    "as tokens, (select sum(reward) from trajectories) as reward, (select count(*) from turns) as turns, "
+    "(select count(*) from tool_calls) as tool_calls, (select count(*) from events) as events"
+)
+"""Aggregates that `rebuild` and `compact` must leave as they were."""
+
+
+# -- the step (a fresh process per size) ----------------------------------------------------------
+def grow(lake: Any, state: dict[str, Any], target_tokens: float, shape: str) -> tuple[int, float]:
+    """Append loadgen chunks until the run holds `target_tokens`; return (tokens added, sink seconds)."""
+    from trajlake.ingest.bus.inprocess import InProcessBus
+    from trajlake.ingest.sink import DeltaSink, SinkConfig
+    from trajlake.rollout.loadgen import LoadgenConfig, generate
+
+    added, seconds = 0, 0.0
+    while True:
+        # stop short of the target by the catch-up batch that follows; the first chunk measures the shape
+        per_trajectory = state["tokens"] / state["trajectories"] if state["trajectories"] else None
+        if per_trajectory and state["tokens"] + CATCH_UP_TRAJECTORIES * per_trajectory >= target_tokens:
+            break
+        left = (
+            (target_tokens - state["tokens"]) / per_trajectory - CATCH_UP_TRAJECTORIES
+            if per_trajectory
+            else 200
+        )
+        n = min(CHUNK, max(GROUP_SIZE, GROUP_SIZE * round(left / GROUP_SIZE)))
+        bus = InProcessBus(topic=f"{RUN}-{state['chunks']}", partitions=4)
+        made = generate(bus, chunk_config(LoadgenConfig, state, n, shape))
+        started = time.perf_counter()
+        DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+        seconds += time.perf_counter() - started
+        advance(state, made)
+        added += made.tokens
+    return added, seconds
+
+
+def chunk_config(config_type: Any, state: dict[str, Any], trajectories: int, shape: str) -> Any:
+    """The next loadgen call of the run: its groups and policy version follow the previous call's."""
+    return config_type(
+        trajectories=trajectories, run_id=RUN, group_size=GROUP_SIZE, policy_versions=1, seed=state["chunks"],
+        first_group=state["groups"], first_version=state["chunks"], vocab_size=151_936, **SHAPES[shape],
+    )  # fmt: skip
+
+
+def advance(state: dict[str, Any], made: Any) -> None:
+    state["chunks"] += 1
+    state["groups"] += -(-made.trajectories // GROUP_SIZE)
+    state["tokens"] += made.tokens
+    state["trajectories"] += made.trajectories
+
+
+def catch_up(lake: Any, state: dict[str, Any], shape: str) -> float:
+    """Commit 1,000 new trajectories with projections off; return the seconds projections take to catch up."""
+    from trajlake.ingest.bus.inprocess import InProcessBus
+    from trajlake.ingest.sink import DeltaSink, SinkConfig
+    from trajlake.rollout.loadgen import LoadgenConfig, generate
+    from trajlake.store import projections
+
+    bus = InProcessBus(topic=f"{RUN}-catch-up-{state['chunks']}", partitions=4)
+    made = generate(bus, chunk_config(LoadgenConfig, state, CATCH_UP_TRAJECTORIES, shape))
+    DeltaSink(lake, bus, SinkConfig(update_projections=False)).run(until_idle_s=0.0)
+    advance(state, made)
+    started = time.perf_counter()
+    projections.catch_up(lake)
+    return time.perf_counter() - started
+
+
+def timed(fn: Any) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def point_lookups(root: Path, trajectory_id: str) -> tuple[float, float]:
+    from trajlake.store.lake import Lake
+
+    query = "select token_ids, logprobs, loss_mask from trajectories where trajectory_id = $id"
+    lake = Lake(root)
+    found: list[Any] = []
+    cold = timed(lambda: found.append(lake.sql(query, {"id": trajectory_id})))
+    if found[0].num_rows != 1:
+        raise RuntimeError(f"point lookup of {trajectory_id} found {found[0].num_rows} rows")
+    warm = statistics.median(timed(lambda: lake.sql(query, {"id": trajectory_id})) for _ in range(3))
+    lake.close()
+    return cold, warm
+
+
+def sampler_figures(root: Path, workdir: Path, latest_version: int) -> tuple[float, float]:
+    from trajlake.store.catalog import Catalog
+    from trajlake.store.lake import Lake
+    from trajlake.trainer.config import SamplerConfig
+    from trajlake.trainer.sampler import Sampler
+
+    lake = Lake(root)
+    catalog = Catalog(f"sqlite:///{workdir / 'catalog.db'}")
+    config = SamplerConfig(
+        run_id=RUN, max_staleness=4, group_size=GROUP_SIZE, groups_per_batch=BATCH_TRAJECTORIES // GROUP_SIZE,
+        group_wait_s=0, drop_zero_variance=False,
+    )  # fmt: skip
+    sampler = Sampler(lake, catalog, config)
+    batches: list[Any] = []
+    batch_s = timed(lambda: batches.append(sampler.next_batch(trainer_version=latest_version, step=0)))
+    batch = batches[0]
+    if batch is None:
+        raise RuntimeError("the sampler handed out no batch")
+
+    def round_trip() -> None:
+        sampler.release(batch)
+        if len(catalog.claim(RUN, batch.trajectory_ids, sampler.owner)) != len(batch.trajectory_ids):
+            raise RuntimeError("the released batch could not be leased again")
+
+    lease_s = timed(round_trip)
+    catalog.close()
+    lake.close()
+    return batch_s, lease_s
+
+
+def pages(root: Path) -> dict[str, float]:
+    """AppTest render of every page of the app (run `RUN`), caches cleared before each."""
+    from dashboard import time_render  # bench/dashboard.py
+
+    from trajlake.dashboards.app import PAGES
+
+    return {page: time_render(root, page, RUN, [RUN])[0] for page in PAGES}
+
+
+def metrics_seconds(root: Path) -> float:
+    from trajlake.cli import main
+
+    def run() -> None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            if main(["metrics", "--lake", str(root), "--run", RUN, "--format", "json"]) != 0:
+                raise RuntimeError("trajlake metrics failed")
+
+    return timed(run)
+
+
+def unchanged(root: Path, before: dict[str, Any], what: str) -> None:
+    from trajlake.store.lake import Lake
+
+    lake = Lake(root)
+    after = lake.sql(UNCHANGED).to_pylist()[0]
+    lake.close()
+    if after != before:
+        raise RuntimeError(f"{what} changed the run's aggregates: {before} -> {after}")
+
+
+def dir_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def step(root: Path, target_tokens: float, shape: str, workdir: Path) -> dict[str, float]:
+    """Grow the lake at `root` to `target_tokens`, then measure every figure at that size."""
+    from trajlake.store import projections
+    from trajlake.store.compact import compact
+    from trajlake.store.lake import TABLES, Lake
+
+    state_file = root.parent / f"{root.name}.state.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else dict.fromkeys(
+        ("chunks", "groups", "tokens", "trajectories"), 0)  # fmt: skip
+    lake = Lake(root)
+    added, sink_s = grow(lake, state, target_tokens, shape)
+    fig: dict[str, float] = {"ingest_tokens_per_s": added / sink_s if sink_s else float("nan")}
+    fig["catch_up_s"] = catch_up(lake, state, shape)
+    state_file.write_text(json.dumps(state))
+    fig["tokens"], fig["trajectories"] = state["tokens"], state["trajectories"]
+    oldest = (
+        lake.sql(
+            "select trajectory_id from trajectories where run_id = $run order by started_at limit 1",
+            {"run": RUN},
+        )
+        .column(0)[0]
+        .as_py()
+    )
+    latest = lake.sql("select max(policy_version) from policy_versions").column(0)[0].as_py()
+    before = lake.sql(UNCHANGED).to_pylist()[0]
+    # the layout as ingest left it (rebuild and compact below rewrite it)
+    fig["events_commits"] = lake.version("events") + 1
+    fig["files"] = sum(len(lake.files(name)) for name in TABLES if lake.exists(name))
+    lake.close()
+    fig["lake_bytes_per_token"] = dir_bytes(root) / state["tokens"]
+
+    fig["point_lookup_cold_s"], fig["point_lookup_warm_s"] = point_lookups(root, oldest)
+    lake = Lake(root)
+    lake.query_engine()
+    for name, query in SQL.items():
+        fig[f"sql_{name}_s"] = timed(lambda q=query: lake.sql(q, {"run": RUN}))
+    lake.close()
+    fig["slowest_sql_s"] = max(fig[f"sql_{n}_s"] for n in SQL)
+    for page, seconds in pages(root).items():
+        fig[f"page_{page}_s"] = seconds
+    fig["slowest_page_s"] = max(v for k, v in fig.items() if k.startswith("page_"))
+    fig["metrics_s"] = metrics_seconds(root)
+    fig["sampler_batch_s"], fig["lease_round_trip_s"] = sampler_figures(root, workdir, latest)
+
+    lake = Lake(root)
+    fig["rebuild_s"] = timed(lambda: projections.rebuild(lake))
+    lake.close()
+    unchanged(root, before, "rebuild")
+    lake = Lake(root)
+    fig["compact_s"] = timed(lambda: compact(lake, vacuum=False))
+    lake.close()
+    unchanged(root, before, "compact")
+    fig["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return fig
+
+
+# -- the driver -----------------------------------------------------------------------------------
+def run_step(root: Path, target: float, shape: str, workdir: Path) -> dict[str, float]:
+    """`step` in a fresh process: its peak RSS is the step's own."""
+    out = workdir / f"step-{shape}-{target:.0e}.json"
+    cmd = [sys.executable, __file__, "--step", "--lake", str(root), "--target", str(target), "--shape", shape,
+           "--json", str(out), "--workdir", str(workdir)]  # fmt: skip
+    env = {**os.environ, "STREAMLIT_LOGGER_LEVEL": "error"}  # AppTest outside a server warns on every run
+    subprocess.run(cmd, check=True, env=env)
+    return json.loads(out.read_text())
+
+
+def growth(values: list[float]) -> float | None:
+    first, last = values[0], values[-1]
+    return last / first if first else None
+
+
+def print_table(sizes: list[float], figures: dict[str, list[float]], long: dict[str, float]) -> None:
+    header = ["figure", *(f"{s:.0e} tok" for s in sizes), f"{sizes[-1]:.0e} long", "growth"]
+    print(f"{header[0]:<26}" + "".join(f"{h:>13}" for h in header[1:]))
+    for name, values in figures.items():
+        g = growth(values)
+        cells = [*values, long.get(name, float("nan"))]
+        print(f"{name:<26}" + "".join(f"{v:>13.4g}" for v in cells) + (f"{g:>12.2f}x" if g else f"{'-':>13}"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1e6, 1e7, 1e8 tokens instead of 1e7, 1e8, 1e9")
+    parser.add_argument("--sizes", help="comma-separated sizes in tokens (e.g. 2e5,1e6), smallest first")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--lake", type=Path, help="grow the lakes under this directory (default: a temporary one)"
+    )
+    parser.add_argument("--step", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--target", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--shape", choices=SHAPES, default="short", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.step:
+        args.json.write_text(json.dumps(step(args.lake, args.target, args.shape, args.workdir)))
+        return
+
+    sizes = (
+        [float(s) for s in args.sizes.split(",")] if args.sizes else QUICK_SIZES if args.quick else FULL_SIZES
+    )
+    with tempfile.TemporaryDirectory(prefix="trajlake-scale-") as tmp:
+        base = args.lake or Path(tmp)
+        base.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tmp)
+        steps = []
+        for size in sizes:
+            print(f"growing the short-trajectory run to {size:.0e} tokens …", flush=True)
+            steps.append(run_step(base / "short", size, "short", workdir))
+        print(f"building the long-trajectory run at {sizes[-1]:.0e} tokens …", flush=True)
+        long = run_step(base / "long", sizes[-1], "long", workdir)
+    names = list(steps[0])
+    figures = {name: [s[name] for s in steps] for name in names}
+    print_table(sizes, figures, long)
+    missing = [n for n in REPORTED if n not in figures]
+    if missing:
+        raise SystemExit(f"figures missing: {missing}")
+    result = {"sizes_tokens": [s["tokens"] for s in steps], "figures": figures,
+              "growth": {n: growth(v) for n, v in figures.items()}, "long": long}  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    main()
