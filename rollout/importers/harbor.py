@@ -24,7 +24,12 @@ from typing import Any
 from trajlake.ingest.recorder import Recorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.errors import ImportFormatError
-from trajlake.rollout.importers.base import ImportReport, ImportSession, stable_trajectory_id
+from trajlake.rollout.importers.base import (
+    ImportReport,
+    ImportSession,
+    RecordedTrajectory,
+    stable_trajectory_id,
+)
 from trajlake.store.lake import Lake
 
 CODE_EXECUTION_TOOLS = frozenset(
@@ -53,6 +58,11 @@ class HarborTurn:
     prompt_token_ids: list[int] | None
     completion_token_ids: list[int]
     logprobs: list[float] | None
+    text: str | None = None  # the reply, kept when the step has no token ids (never re-tokenised)
+
+    @property
+    def has_tokens(self) -> bool:
+        return bool(self.completion_token_ids)
 
 
 @dataclass
@@ -133,7 +143,8 @@ class HarborTrial:
             steps = _load_json(atif_path).get("steps") or []
             atif_turns, trial.tool_calls = _from_atif_steps(steps)
             if not trial.turns and atif_turns:
-                trial.turns, trial.token_source = atif_turns, "atif"
+                trial.turns = atif_turns
+                trial.token_source = "atif" if any(t.has_tokens for t in atif_turns) else None
         return trial
 
     def outcome(self) -> tuple[taxonomy.Failure, float | None, str | None]:
@@ -198,6 +209,11 @@ def _from_atif_steps(steps: Sequence[Mapping[str, Any]]) -> tuple[list[HarborTur
                     metrics.get("logprobs"),
                 )
             )
+        else:  # an agent without rollout details: the reply's text, flagged, never re-tokenised
+            message = step.get("message")
+            turns.append(
+                HarborTurn(None, [], None, text=message if isinstance(message, str) else json.dumps(message))
+            )
         answered = {r.get("source_call_id") for r in ((step.get("observation") or {}).get("results") or [])}
         for call in step.get("tool_calls") or []:
             call_id = str(call.get("tool_call_id") or f"step{step.get('step_id')}-{len(calls)}")
@@ -230,17 +246,6 @@ def trajectory_id_of(run_id: str, trial_name: str) -> str:
     return stable_trajectory_id(run_id, "harbor", trial_name)
 
 
-@dataclass
-class TrialRecord:
-    """What recording one trial did."""
-
-    trajectory_id: str
-    turns: int = 0
-    tokens: int = 0
-    tool_calls: int = 0
-    warnings: list[str] = field(default_factory=list)
-
-
 def record_trial(
     recorder: Recorder,
     trial: HarborTrial,
@@ -249,16 +254,16 @@ def record_trial(
     trajectory_id: str | None = None,
     retried: str | None = None,
     policy_version: int = 0,
-) -> TrialRecord:
+) -> RecordedTrajectory:
     """Record one trial as one finished trajectory through `recorder`.
 
     `retried`: Harbor abandoned this attempt and runs the trial again (why); it ends as a system
     failure tagged `retried`, so no reward from it is trained on.
     """
-    result = TrialRecord(trajectory_id or trajectory_id_of(recorder.run_id, trial.trial_name))
+    result = RecordedTrajectory(trajectory_id or trajectory_id_of(recorder.run_id, trial.trial_name))
     failure, reward, verifier_error = trial.outcome()
     attributes = dict(trial.attributes, token_source=trial.token_source, exception_type=trial.exception_type,
-                      retried=retried)  # fmt: skip
+                      retried=retried, tokens_recorded=any(t.has_tokens for t in trial.turns))  # fmt: skip
     traj = recorder.start(
         trial.task_name,
         trial.task_name,
@@ -274,7 +279,18 @@ def record_trial(
     for call in trial.tool_calls:
         calls_after.setdefault(call.after_turn if trial.turns else -1, []).append(call)
     _record_calls(traj, calls_after.pop(-1, []))
+    if not any(t.has_tokens for t in trial.turns):
+        result.warnings.append(
+            f"{trial.trial_name}: no token ids (no rollout_details, no ATIF step metrics); stored with its "
+            "outcome and any reply text, tokens_recorded false"
+        )
     for i, turn in enumerate(trial.turns):
+        if not turn.has_tokens:
+            traj.turn([], [], policy_version, input_token_ids=[],
+                      attributes={"tokens_recorded": False, "completion": turn.text})  # fmt: skip
+            result.turns += 1
+            _record_calls(traj, calls_after.pop(i, []))
+            continue
         logprobs = turn.logprobs
         mask = None
         if logprobs is None:  # not recorded: the tokens are kept, but no loss may be taken on them
