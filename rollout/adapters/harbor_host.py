@@ -5,7 +5,7 @@ machines). Harbor loads it by import path, never trajlake; this module imports h
 and nothing in trajlake imports it:
 
     EnvironmentConfig(import_path="trajlake.rollout.adapters.harbor_host:HostEnvironment")
-    # the CLI: harbor run --environment-import-path trajlake.rollout.adapters.harbor_host:HostEnvironment
+    # the CLI: harbor run --env trajlake.rollout.adapters.harbor_host:HostEnvironment ...
 
 It is not a sandbox: commands run as the calling user, on the host, with its network and
 tools (terminus-2 needs `tmux` on PATH). Each environment gets a fresh scratch directory that
