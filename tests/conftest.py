@@ -21,6 +21,7 @@ pytest_plugins = [
         "tests.fixtures.vllm",
         "tests.fixtures.agent_lightning",
         "tests.fixtures.verifiers_venv",
+        "tests.fixtures.harbor_venv",
     )
     if (Path(__file__).parent / "fixtures" / (name.rsplit(".", 1)[1] + ".py")).exists()
 ]

@@ -104,3 +104,62 @@ def processes_mentioning(text: str) -> list[int]:
         except OSError:  # the process ended while we looked
             continue
     return pids
+
+
+def stored_trajectories(lake_root: Path, run: str) -> dict[str, dict[str, Any]]:
+    """Trajectory id -> its `trajectories` row plus the started event's `tags` and `attributes` (parsed),
+    its `turns` (events, in order), `tools` (tool_calls rows) and `finished_events` (how many ended it),
+    read with a fresh Lake, as a user would query it."""
+    import json
+
+    from trajlake.store.lake import Lake
+
+    lake = Lake(lake_root)
+    try:
+        params = {"run": run}
+        rows = lake.sql(
+            "select t.*, s.tags, s.attributes from trajectories t join events s using (trajectory_id) "
+            "where s.event_type = 'trajectory_started' and t.run_id = $run",
+            params,
+        ).to_pylist()
+        turns = lake.sql(
+            "select trajectory_id, turn_index, input_token_ids, output_token_ids, output_logprobs, loss_mask, "
+            "tito_drift, policy_version, attributes from events where event_type = 'turn' and run_id = $run "
+            "order by turn_index",
+            params,
+        ).to_pylist()
+        ends = lake.sql(
+            "select trajectory_id, count(*) as n from events where event_type = 'trajectory_finished' "
+            "and run_id = $run group by trajectory_id",
+            params,
+        ).to_pylist()
+        tools = lake.sql(
+            "select trajectory_id, tool_name, ok from tool_calls where run_id = $run", params
+        ).to_pylist()
+    finally:
+        lake.close()
+    finished = {r["trajectory_id"]: r["n"] for r in ends}
+    out = {}
+    for row in rows:
+        tid = row["trajectory_id"]
+        row["attributes"] = json.loads(row["attributes"]) if row["attributes"] else {}
+        row["turns"] = [t for t in turns if t["trajectory_id"] == tid]
+        row["tools"] = [t for t in tools if t["trajectory_id"] == tid]
+        row["finished_events"] = finished.get(tid, 0)
+        out[tid] = row
+    return out
+
+
+def run_json_script(
+    python: Path, script: Path, *args: str, env: dict[str, str], timeout: float
+) -> dict[str, Any]:
+    """Run `script ARGS` with `python` (a framework venv's); return the JSON object it prints last."""
+    import json
+
+    import pytest
+
+    done = subprocess.run([str(python), str(script), *args], capture_output=True, text=True, timeout=timeout,
+                          check=False, env=env)  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(f"{script.name} {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # a framework may print progress before it

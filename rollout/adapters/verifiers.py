@@ -32,14 +32,18 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trajlake.ingest.recorder import Recorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.errors import ImportFormatError, RolloutError
-from trajlake.rollout.importers.base import ImportReport, ImportSession, stable_trajectory_id
+from trajlake.rollout.importers.base import (
+    ImportReport,
+    ImportSession,
+    RecordedTrajectory,
+    stable_trajectory_id,
+)
 from trajlake.store.lake import Lake
 
 SOURCE = "verifiers"
@@ -153,17 +157,6 @@ def outcome(trace: Mapping[str, Any]) -> tuple[taxonomy.Failure, str | None]:
 
 
 # -- the mapping ---------------------------------------------------------------------------------
-@dataclass
-class TraceRecord:
-    """What recording one trace did."""
-
-    trajectory_id: str
-    turns: int = 0
-    tokens: int = 0
-    tool_calls: int = 0
-    warnings: list[str] = field(default_factory=list)
-
-
 def trajectory_id_of(run_id: str, trace_id: str) -> str:
     """The trajectory id of a verifiers trace in `run_id` (the same live, replayed or imported)."""
     return stable_trajectory_id(run_id, SOURCE, trace_id)
@@ -197,7 +190,7 @@ def record_trace(
     rounded: bool = False,
     renderer_drift: Iterable[int] = (),
     group_id: str | None = None,
-) -> TraceRecord:
+) -> RecordedTrajectory:
     """Record one verifiers trace (a `Trace` dumped to a dict) as one finished trajectory.
 
     `retried`: the trace was abandoned by a verifiers retry (why); it ends as a system failure.
@@ -216,7 +209,7 @@ def record_trace(
     failed_calls = [c for c in calls if c.get("error")]
     drift_nodes = set(renderer_drift)
     model = next((c.get("model") for c in calls if c.get("model")), None)
-    result = TraceRecord(trajectory_id_of(recorder.run_id, trace_id))
+    result = RecordedTrajectory(trajectory_id_of(recorder.run_id, trace_id))
     tags = ["retried"] if retried else []
     if not agent.get("trainable", True):
         tags.append("not_trainable")

@@ -26,6 +26,17 @@ def stable_trajectory_id(run_id: str, source: str, key: str) -> str:
 
 
 @dataclass
+class RecordedTrajectory:
+    """What recording one source record (a trial, a trace) as a trajectory did."""
+
+    trajectory_id: str
+    turns: int = 0
+    tokens: int = 0
+    tool_calls: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
 class ImportReport:
     """What an import did."""
 

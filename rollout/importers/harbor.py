@@ -21,9 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trajlake.ingest.recorder import Recorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.errors import ImportFormatError
-from trajlake.rollout.importers.base import ImportReport, ImportSession, stable_trajectory_id
+from trajlake.rollout.importers.base import (
+    ImportReport,
+    ImportSession,
+    RecordedTrajectory,
+    stable_trajectory_id,
+)
 from trajlake.store.lake import Lake
 
 CODE_EXECUTION_TOOLS = frozenset(
@@ -52,6 +58,11 @@ class HarborTurn:
     prompt_token_ids: list[int] | None
     completion_token_ids: list[int]
     logprobs: list[float] | None
+    text: str | None = None  # the reply, kept when the step has no token ids (never re-tokenised)
+
+    @property
+    def has_tokens(self) -> bool:
+        return bool(self.completion_token_ids)
 
 
 @dataclass
@@ -85,20 +96,28 @@ class HarborTrial:
 
     @classmethod
     def from_dir(cls, path: Path) -> HarborTrial:
-        """Read `result.json` and, if present, `agent/trajectory.json`."""
-        result = _load_json(path / "result.json")
+        """Read a trial directory: `result.json` and, if present, `agent/trajectory.json`."""
+        return cls.from_result(_load_json(path / "result.json"), path)
+
+    @classmethod
+    def from_result(cls, result: Any, path: Path | None) -> HarborTrial:
+        """Map a `TrialResult` (as JSON data) and, when `path` has one, its `agent/trajectory.json`.
+
+        The importer passes what `result.json` holds; the live hook passes the result Harbor
+        hands to `on_trial_ended`, dumped, and the trial directory it is about to finalise.
+        """
+        where = str((path or Path(".")) / "result.json")
         if not isinstance(result, Mapping) or ("trial_name" not in result and "task_name" not in result):
-            raise ImportFormatError(
-                "not a Harbor TrialResult (no trial_name/task_name)", path=str(path / "result.json")
-            )
+            raise ImportFormatError("not a Harbor TrialResult (no trial_name/task_name)", path=where)
+        name = (path or Path(str(result.get("trial_name") or "trial"))).name
         agent_info = result.get("agent_info") or {}
         model_info = agent_info.get("model_info") or {}
         verifier = result.get("verifier_result")
         exc = result.get("exception_info") or {}
         trial = cls(
-            path=path,
-            trial_name=str(result.get("trial_name") or path.name),
-            task_name=str(result.get("task_name") or path.name.split("__")[0]),
+            path=path or Path(name),
+            trial_name=str(result.get("trial_name") or name),
+            task_name=str(result.get("task_name") or name.split("__")[0]),
             agent=agent_info.get("name"),
             model=model_info.get("name"),
             rewards=(verifier or {}).get("rewards"),
@@ -119,12 +138,13 @@ class HarborTrial:
         if details:
             trial.turns = _turns_from_rollout_detail(details[0])
             trial.token_source = "rollout_details"
-        atif_path = path / "agent" / "trajectory.json"
-        if atif_path.exists():
+        atif_path = path / "agent" / "trajectory.json" if path is not None else None
+        if atif_path is not None and atif_path.exists():
             steps = _load_json(atif_path).get("steps") or []
             atif_turns, trial.tool_calls = _from_atif_steps(steps)
             if not trial.turns and atif_turns:
-                trial.turns, trial.token_source = atif_turns, "atif"
+                trial.turns = atif_turns
+                trial.token_source = "atif" if any(t.has_tokens for t in atif_turns) else None
         return trial
 
     def outcome(self) -> tuple[taxonomy.Failure, float | None, str | None]:
@@ -189,6 +209,11 @@ def _from_atif_steps(steps: Sequence[Mapping[str, Any]]) -> tuple[list[HarborTur
                     metrics.get("logprobs"),
                 )
             )
+        else:  # an agent without rollout details: the reply's text, flagged, never re-tokenised
+            message = step.get("message")
+            turns.append(
+                HarborTurn(None, [], None, text=message if isinstance(message, str) else json.dumps(message))
+            )
         answered = {r.get("source_call_id") for r in ((step.get("observation") or {}).get("results") or [])}
         for call in step.get("tool_calls") or []:
             call_id = str(call.get("tool_call_id") or f"step{step.get('step_id')}-{len(calls)}")
@@ -216,62 +241,87 @@ def find_trials(job_dir: Path) -> list[Path]:
     return sorted(p.parent for p in job_dir.glob("*/result.json"))
 
 
-def record_trial(session: ImportSession, trial: HarborTrial, sample_index: int) -> None:
-    """Record one trial as a trajectory through the session's Recorder."""
-    trajectory_id = stable_trajectory_id(session.report.run_id, "harbor", trial.trial_name)
-    if session.already_imported(trajectory_id):
-        return
+def trajectory_id_of(run_id: str, trial_name: str) -> str:
+    """The trajectory id of a Harbor trial in `run_id` (the same live and imported)."""
+    return stable_trajectory_id(run_id, "harbor", trial_name)
+
+
+def record_trial(
+    recorder: Recorder,
+    trial: HarborTrial,
+    sample_index: int,
+    *,
+    trajectory_id: str | None = None,
+    retried: str | None = None,
+    policy_version: int = 0,
+) -> RecordedTrajectory:
+    """Record one trial as one finished trajectory through `recorder`.
+
+    `retried`: Harbor abandoned this attempt and runs the trial again (why); it ends as a system
+    failure tagged `retried`, so no reward from it is trained on.
+    """
+    result = RecordedTrajectory(trajectory_id or trajectory_id_of(recorder.run_id, trial.trial_name))
     failure, reward, verifier_error = trial.outcome()
-    attributes = dict(trial.attributes, token_source=trial.token_source, exception_type=trial.exception_type)
-    traj = session.recorder.start(
+    attributes = dict(trial.attributes, token_source=trial.token_source, exception_type=trial.exception_type,
+                      retried=retried, tokens_recorded=any(t.has_tokens for t in trial.turns))  # fmt: skip
+    traj = recorder.start(
         trial.task_name,
         trial.task_name,
         sample_index,
         environment=trial.task_name,
         harness=trial.agent,
         model=trial.model,
-        trajectory_id=trajectory_id,
+        tags=["retried"] if retried else None,
+        trajectory_id=result.trajectory_id,
         attributes=attributes,
     )
     calls_after: dict[int, list[HarborToolCall]] = {}
     for call in trial.tool_calls:
         calls_after.setdefault(call.after_turn if trial.turns else -1, []).append(call)
     _record_calls(traj, calls_after.pop(-1, []))
+    if not any(t.has_tokens for t in trial.turns):
+        result.warnings.append(
+            f"{trial.trial_name}: no token ids (no rollout_details, no ATIF step metrics); stored with its "
+            "outcome and any reply text, tokens_recorded false"
+        )
     for i, turn in enumerate(trial.turns):
+        if not turn.has_tokens:
+            traj.turn([], [], policy_version, input_token_ids=[],
+                      attributes={"tokens_recorded": False, "completion": turn.text})  # fmt: skip
+            result.turns += 1
+            _record_calls(traj, calls_after.pop(i, []))
+            continue
         logprobs = turn.logprobs
         mask = None
         if logprobs is None:  # not recorded: the tokens are kept, but no loss may be taken on them
             logprobs, mask = [0.0] * len(turn.completion_token_ids), [False] * len(turn.completion_token_ids)
-            session.report.warnings.append(
-                f"{trial.trial_name}: turn {i} has no logprobs; stored with loss_mask 0"
-            )
+            result.warnings.append(f"{trial.trial_name}: turn {i} has no logprobs; stored with loss_mask 0")
         if turn.prompt_token_ids is not None:
-            traj.turn(
-                turn.completion_token_ids,
-                logprobs,
-                policy_version=0,
-                full_input_token_ids=turn.prompt_token_ids,
-                loss_mask=mask,
-            )
+            traj.turn(turn.completion_token_ids, logprobs, policy_version=policy_version,
+                      full_input_token_ids=turn.prompt_token_ids, loss_mask=mask)  # fmt: skip
         else:
-            traj.turn(
-                turn.completion_token_ids, logprobs, policy_version=0, input_token_ids=[], loss_mask=mask
-            )
-        session.report.turns += 1
+            traj.turn(turn.completion_token_ids, logprobs, policy_version=policy_version, input_token_ids=[],
+                      loss_mask=mask)  # fmt: skip
+        result.turns += 1
+        result.tokens += len(turn.completion_token_ids)
         _record_calls(traj, calls_after.pop(i, []))
     for rest in calls_after.values():
         _record_calls(traj, rest)
-    session.report.tool_calls += len(trial.tool_calls)
+    result.tool_calls = len(trial.tool_calls)
+    message = f"{trial.exception_type}: {trial.exception_message}" if trial.exception_type else verifier_error
+    if retried:
+        failure = failure if failure.origin == taxonomy.SYSTEM else taxonomy.HARNESS_FAILED
+        reward, verifier_error = None, f"abandoned by a Harbor retry ({retried})"
+        message = f"abandoned by a Harbor retry ({retried}); {message or 'no error recorded'}"
     if reward is not None or verifier_error is not None or trial.rewards:
         traj.reward(reward, components=trial.rewards, verifier="harbor", verifier_error=verifier_error)
-    message = f"{trial.exception_type}: {trial.exception_message}" if trial.exception_type else verifier_error
     traj.finish(
         failure.status,
         failure_origin=failure.origin,
         failure_label=failure.label,
         message=(message or None) and message[:2000],
     )
-    session.done_one()
+    return result
 
 
 def _record_calls(traj: Any, calls: list[HarborToolCall]) -> None:
@@ -315,7 +365,13 @@ def import_harbor(
     if not trials:
         raise ImportFormatError("no trial directories (*/result.json) found", path=str(job_dir))
     for trial, index in iter_trials(Path(job_dir), session.report):
-        record_trial(session, trial, index)
+        trajectory_id = trajectory_id_of(run_id, trial.trial_name)
+        if not session.already_imported(trajectory_id):
+            rec = record_trial(session.recorder, trial, index, trajectory_id=trajectory_id)
+            session.report.turns += rec.turns
+            session.report.tool_calls += rec.tool_calls
+            session.report.warnings.extend(rec.warnings)
+            session.done_one(trajectory_id)
         if progress is not None:
             progress.update(1)
     return session.close()

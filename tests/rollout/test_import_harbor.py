@@ -263,3 +263,22 @@ def test_the_cli_names_the_fix_for_a_directory_without_trials(lake, tmp_path, ca
     (tmp_path / "empty").mkdir()
     assert main(["import", "harbor", str(tmp_path / "empty"), "--lake", lake.root, "--run-id", "r"]) == 2
     assert "no trial directories" in capsys.readouterr().err
+
+
+def test_a_trial_without_token_ids_keeps_its_replies_as_text_and_is_flagged(lake, tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    write_trial(job, "t__1", rewards={"reward": 1.0}, trajectory=atif())  # an agent without rollout details
+    report = import_harbor(lake, job, "text")
+    row = lake.sql(
+        "select token_ids, n_turns, status, reward from trajectories where run_id = 'text'"
+    ).to_pylist()[0]
+    assert (row["token_ids"], row["n_turns"], row["status"], row["reward"]) == ([], 2, "completed", 1.0)
+    turns = lake.sql(
+        "select attributes from events where event_type = 'turn' and run_id = 'text' order by seq"
+    ).to_pylist()
+    assert [json.loads(t["attributes"]) for t in turns] == [
+        {"tokens_recorded": False, "completion": "let me run it"},
+        {"tokens_recorded": False, "completion": "The answer is 4"},
+    ]
+    assert any("no token ids" in w for w in report.warnings)

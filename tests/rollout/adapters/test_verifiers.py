@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers import stored_trajectories
 from trajlake.rollout import taxonomy
 from trajlake.rollout.adapters.verifiers import (
     UnsupportedVerifiers,
@@ -19,44 +20,14 @@ from trajlake.rollout.adapters.verifiers import (
     installed_version,
     trajectory_id_of,
 )
-from trajlake.store.lake import Lake
 
 
 def trajectories(lake_root: Path, run: str) -> dict[str, dict]:
-    """Trace id -> its trajectory row (status, failure, reward, tags) and its turns, read with a fresh Lake."""
-    lake = Lake(lake_root)
-    try:
-        rows = lake.sql(
-            "select t.trajectory_id, t.status, t.failure_origin, t.failure_label, t.reward, t.verifier_error, "
-            "s.tags, t.message, json_extract_string(s.attributes, '$.trace_id') as trace_id, "
-            "cast(json_extract(s.attributes, '$.logprobs_rounded') as integer) as rounded from trajectories t join events s "
-            "using (trajectory_id) where s.event_type = 'trajectory_started' and t.run_id = $run",
-            {"run": run},
-        ).to_pylist()
-        turns = lake.sql(
-            "select trajectory_id, turn_index, input_token_ids, output_token_ids, output_logprobs, loss_mask, "
-            "tito_drift, policy_version, attributes from events where event_type = 'turn' and run_id = $run "
-            "order by turn_index",
-            {"run": run},
-        ).to_pylist()
-        finished = lake.sql(
-            "select trajectory_id, count(*) as n from events where event_type = 'trajectory_finished' "
-            "and run_id = $run group by trajectory_id",
-            {"run": run},
-        ).to_pylist()
-        tools = lake.sql(
-            "select trajectory_id, tool_name, ok from tool_calls where run_id = $run", {"run": run}
-        ).to_pylist()
-    finally:
-        lake.close()
-    ends = {r["trajectory_id"]: r["n"] for r in finished}
+    """Trace id -> its trajectory (row, turns, tools, ended how often), read with a fresh Lake."""
     out = {}
-    for row in rows:
-        tid = row["trajectory_id"]
-        row["turns"] = [t for t in turns if t["trajectory_id"] == tid]
-        row["finished_events"] = ends.get(tid, 0)
-        row["tools"] = [t for t in tools if t["trajectory_id"] == tid]
-        out[row["trace_id"]] = row
+    for row in stored_trajectories(lake_root, run).values():
+        row["rounded"] = row["attributes"].get("logprobs_rounded")
+        out[row["attributes"]["trace_id"]] = row
     return out
 
 
