@@ -8,13 +8,15 @@ venv=$(scripts/venv.sh)
 export PATH="$venv/bin:$PATH"
 
 # System packages the tests need, installed once on a new machine: Debian's Chromium and its
-# driver (dashboard browser test), PostgreSQL (catalog), a JRE and Maven (the Kafka broker).
+# driver (dashboard browser test), PostgreSQL (catalog), a JRE and Maven (the Kafka broker), tmux
+# (Harbor's terminus-2 agent).
 missing=()
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v java >/dev/null || missing+=(default-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
+command -v tmux >/dev/null || missing+=(tmux)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]} (apt)" >&2
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >&2
