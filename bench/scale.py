@@ -283,12 +283,14 @@ def step(root: Path, target_tokens: float, shape: str, workdir: Path) -> dict[st
 
 # -- the driver -----------------------------------------------------------------------------------
 def run_step(root: Path, target: float, shape: str, workdir: Path) -> dict[str, float]:
-    """`step` in a fresh process: its peak RSS is the step's own."""
+    """`step` in a fresh process: its peak RSS is the step's own. Its log (AppTest outside a server
+    warns on every render) is printed only when it fails."""
     out = workdir / f"step-{shape}-{target:.0e}.json"
     cmd = [sys.executable, __file__, "--step", "--lake", str(root), "--target", str(target), "--shape", shape,
            "--json", str(out), "--workdir", str(workdir)]  # fmt: skip
-    env = {**os.environ, "STREAMLIT_LOGGER_LEVEL": "error"}  # AppTest outside a server warns on every run
-    subprocess.run(cmd, check=True, env=env)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the {shape} step to {target:.0e} tokens failed:\n{proc.stdout[-5000:]}")
     return json.loads(out.read_text())
 
 
