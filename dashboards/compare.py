@@ -52,13 +52,18 @@ SUMMARY_SCHEMA = pa.schema(
 def by_version(
     lake: Any, run_ids: Sequence[str], success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
 ) -> pa.Table:
-    """Per run and policy version: reward, pass@1, rollout entropy, turns, tool success, failure rates."""
+    """Per run and policy version: reward, pass@1, rollout entropy, turns, tool success, failure rates.
+
+    The runs are read together (one scan per table, not one per run)."""
+    if not run_ids:
+        return VERSION_SCHEMA.empty_table()
+    order = {run_id: i for i, run_id in enumerate(run_ids)}
     out = []
-    for run_id in run_ids:
-        for row in metrics.figures_by_version(lake, run_id, None, success_threshold):
-            n = row["n_trajectories"]
-            rates = {f"{o}_failure_rate": row[f"n_{o}_failures"] / n for o in ("system", "model")}
-            out.append({name: row.get(name) for name in VERSION_SCHEMA.names} | rates | {"run_id": run_id})
+    for row in metrics.figures_by_version(lake, list(run_ids), None, success_threshold):
+        n = row["n_trajectories"]
+        rates = {f"{o}_failure_rate": row[f"n_{o}_failures"] / n for o in ("system", "model")}
+        out.append({name: row.get(name) for name in VERSION_SCHEMA.names} | rates)
+    out.sort(key=lambda r: (order[r["run_id"]], r["policy_version"]))
     return pa.Table.from_pylist(out, schema=VERSION_SCHEMA)
 
 
@@ -66,12 +71,9 @@ def pass_at_k_curves(
     lake: Any, run_ids: Sequence[str], success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
 ) -> pa.Table:
     """Per run: pass@k for k = 1..16 over all its scored trajectories (the overview page's curve)."""
-    out = [
-        {"run_id": run_id, **row}
-        for run_id in run_ids
-        for row in rows(metrics.pass_at_k_curve(lake, run_id, None, success_threshold))
-    ]
-    return pa.Table.from_pylist(out, schema=CURVE_SCHEMA)
+    if not run_ids:
+        return CURVE_SCHEMA.empty_table()
+    return metrics.pass_at_k_curve(lake, list(run_ids), None, success_threshold).cast(CURVE_SCHEMA)
 
 
 def by_step(

@@ -39,10 +39,13 @@ from trajlake.dashboards.query import (
     TOOL_CALLS,
     TRAJECTORIES,
     TURNS,
+    Runs,
     VersionRange,
     bucket_width,
     query,
     rows,
+    run_clause,
+    run_key,
     scored,
     time_buckets,
     version_join,
@@ -90,17 +93,17 @@ def policy_versions(lake: Any, run_id: str) -> list[int]:
 # -- run overview -----------------------------------------------------------------------------
 def task_outcomes(
     lake: Any,
-    run_id: str,
+    run_id: Runs,
     versions: VersionRange = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> pa.Table:
     """Per task (and policy version): n scored samples, c passing ones, and their mean reward."""
     return query(
         lake,
-        f"""SELECT policy_version_min AS policy_version, task_id, count(*) AS n,
+        f"""SELECT {run_key(run_id)}policy_version_min AS policy_version, task_id, count(*) AS n,
                    count(*) FILTER (WHERE reward >= $threshold) AS c, avg(reward) AS reward_mean
-            FROM {TRAJECTORIES} WHERE {scored(versions)}
-            GROUP BY ALL ORDER BY policy_version, task_id""",
+            FROM {TRAJECTORIES} WHERE {scored(versions, run_id)}
+            GROUP BY ALL ORDER BY {run_key(run_id)}policy_version, task_id""",
         run=run_id,
         threshold=float(success_threshold),
     )
@@ -108,66 +111,77 @@ def task_outcomes(
 
 def pass_at_k_curve(
     lake: Any,
-    run_id: str,
+    run_id: Runs,
     versions: VersionRange = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
     max_k: int = MAX_K,
 ) -> pa.Table:
-    """pass@k for k = 1..max_k: per task from all its scored samples in `versions`, averaged over tasks."""
+    """pass@k for k = 1..max_k: per task from all its scored samples in `versions`, averaged over tasks.
+
+    For several runs, one curve per run (rows keyed by run_id, in the order given)."""
     outcomes = query(
         lake,
-        f"""SELECT task_id, count(*) AS n, count(*) FILTER (WHERE reward >= $threshold) AS c
-            FROM {TRAJECTORIES} WHERE {scored(versions)} GROUP BY task_id""",
+        f"""SELECT {run_key(run_id)}task_id, count(*) AS n, count(*) FILTER (WHERE reward >= $threshold) AS c
+            FROM {TRAJECTORIES} WHERE {scored(versions, run_id)} GROUP BY ALL""",
         run=run_id,
         threshold=float(success_threshold),
     )
+    fields = [("k", pa.int64()), ("pass_at_k", pa.float64()), ("n_tasks", pa.int64())]
     pairs = zip(outcomes.column("n").to_pylist(), outcomes.column("c").to_pylist(), strict=True)
-    curve = mean_pass_at_k(pairs, ks=range(1, max_k + 1))
-    return pa.Table.from_pylist(
-        curve, schema=pa.schema([("k", pa.int64()), ("pass_at_k", pa.float64()), ("n_tasks", pa.int64())])
-    )
+    if isinstance(run_id, str):
+        return pa.Table.from_pylist(mean_pass_at_k(pairs, ks=range(1, max_k + 1)), schema=pa.schema(fields))
+    by_run: dict[str, list[tuple[int, int]]] = {r: [] for r in run_id}
+    for run, pair in zip(outcomes.column("run_id").to_pylist(), pairs, strict=True):
+        by_run[run].append(pair)
+    curves = [
+        {"run_id": run, **row}
+        for run, got in by_run.items()
+        for row in mean_pass_at_k(got, ks=range(1, max_k + 1))
+    ]
+    return pa.Table.from_pylist(curves, schema=pa.schema([("run_id", pa.string()), *fields]))
 
 
 def overview_by_version(
     lake: Any,
-    run_id: str,
+    run_id: Runs,
     versions: VersionRange = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> pa.Table:
-    """Per policy version: trajectories, scored ones, mean reward, pass@1 and failure counts."""
+    """Per policy version (and run, for several): trajectories, scored ones, mean reward, pass@1 and failure counts."""
     counts = query(
         lake,
-        f"""SELECT policy_version_min AS policy_version, count(*) AS n_trajectories,
+        f"""SELECT {run_key(run_id)}policy_version_min AS policy_version, count(*) AS n_trajectories,
                    count(*) FILTER (WHERE finished AND reward IS NOT NULL
                                     AND coalesce(failure_origin, '') <> 'system') AS n_scored,
                    avg(reward) FILTER (WHERE finished AND coalesce(failure_origin, '') <> 'system') AS reward_mean,
                    count(*) FILTER (WHERE failure_origin = 'system') AS n_system_failures,
                    count(*) FILTER (WHERE failure_origin = 'model') AS n_model_failures
             FROM {TRAJECTORIES}
-            WHERE run_id = $run AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
-            GROUP BY ALL ORDER BY policy_version""",
+            WHERE {run_clause(run_id)} AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
+            GROUP BY ALL ORDER BY {run_key(run_id)}policy_version""",
         run=run_id,
     )
     outcomes = task_outcomes(lake, run_id, versions, success_threshold)
-    by_version: dict[int, list[tuple[int, int]]] = {}
-    for v, n, c in zip(*(outcomes.column(x).to_pylist() for x in ("policy_version", "n", "c")), strict=True):
-        by_version.setdefault(v, []).append((n, c))
+    keys = ("run_id", "policy_version") if run_key(run_id) else ("policy_version",)
+    by_version: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+    for row in outcomes.select([*keys, "n", "c"]).to_pylist():
+        by_version.setdefault(tuple(row[k] for k in keys), []).append((row["n"], row["c"]))
     pass1 = []
-    for v in counts.column("policy_version").to_pylist():
-        curve = mean_pass_at_k(by_version.get(v, []), ks=[1])
+    for key in zip(*(counts.column(k).to_pylist() for k in keys), strict=True):
+        curve = mean_pass_at_k(by_version.get(key, []), ks=[1])
         pass1.append(curve[0]["pass_at_k"] if curve else None)
     return counts.append_column("pass_at_1", pa.array(pass1, pa.float64()))
 
 
 # -- entropy ----------------------------------------------------------------------------------
-def rollout_entropy(lake: Any, run_id: str, versions: VersionRange = None) -> pa.Table:
+def rollout_entropy(lake: Any, run_id: Runs, versions: VersionRange = None) -> pa.Table:
     """Per policy version of the turn: −mean logprob of the sampled tokens (a Monte-Carlo entropy estimate)."""
     return query(
         lake,
-        f"""SELECT policy_version, -sum(sum_logprob) / nullif(sum(n_output_tokens), 0) AS entropy,
+        f"""SELECT {run_key(run_id)}policy_version, -sum(sum_logprob) / nullif(sum(n_output_tokens), 0) AS entropy,
                    sum(n_output_tokens)::BIGINT AS n_tokens, count(*) AS n_turns
-            FROM {TURNS} WHERE run_id = $run AND {versions_clause(versions, "policy_version")}
-            GROUP BY policy_version ORDER BY policy_version""",
+            FROM {TURNS} WHERE {run_clause(run_id)} AND {versions_clause(versions, "policy_version")}
+            GROUP BY ALL ORDER BY {run_key(run_id)}policy_version""",
         run=run_id,
     )
 
@@ -183,11 +197,11 @@ def trainer_entropy(lake: Any, run_id: str) -> pa.Table:
 
 
 # -- behaviour --------------------------------------------------------------------------------
-def behaviour_by_version(lake: Any, run_id: str, versions: VersionRange = None) -> pa.Table:
+def behaviour_by_version(lake: Any, run_id: Runs, versions: VersionRange = None) -> pa.Table:
     """Per policy version: turns, assistant tokens per turn, tool success, code execution, context, nudges."""
     return query(
         lake,
-        f"""SELECT policy_version_min AS policy_version, count(*) AS n_trajectories,
+        f"""SELECT {run_key(run_id)}policy_version_min AS policy_version, count(*) AS n_trajectories,
                    avg(n_turns) AS turns_per_trajectory,
                    sum(assistant_tokens) / nullif(sum(n_turns), 0) AS assistant_tokens_per_turn,
                    1 - sum(n_tool_errors) / nullif(sum(n_tool_calls), 0) AS tool_success_rate,
@@ -197,8 +211,8 @@ def behaviour_by_version(lake: Any, run_id: str, versions: VersionRange = None) 
                    avg(n_nudges) AS nudges_per_trajectory,
                    avg(CASE WHEN tito_drift THEN 1.0 ELSE 0.0 END) AS tito_drift_rate
             FROM {TRAJECTORIES}
-            WHERE run_id = $run AND finished AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
-            GROUP BY ALL ORDER BY policy_version""",
+            WHERE {run_clause(run_id)} AND finished AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
+            GROUP BY ALL ORDER BY {run_key(run_id)}policy_version""",
         run=run_id,
     )
 
@@ -449,21 +463,24 @@ def freshness_s(lake: Any, run_id: str) -> float | None:
 # -- the report of `trajlake metrics` ---------------------------------------------------------
 def figures_by_version(
     lake: Any,
-    run_id: str,
+    run_id: Runs,
     versions: VersionRange = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> list[dict[str, Any]]:
-    """Per policy version, one row: the overview, behaviour and rollout-entropy figures together."""
+    """Per policy version (and run, for several), one row: the overview, behaviour and rollout-entropy figures."""
+
+    def key(r: dict[str, Any]) -> tuple[Any, Any]:
+        return r.get("run_id"), r["policy_version"]
+
     overview = rows(overview_by_version(lake, run_id, versions, success_threshold))
-    behaviour = {r["policy_version"]: r for r in rows(behaviour_by_version(lake, run_id, versions))}
-    entropy = {r["policy_version"]: r["entropy"] for r in rows(rollout_entropy(lake, run_id, versions))}
+    behaviour = {key(r): r for r in rows(behaviour_by_version(lake, run_id, versions))}
+    entropy = {key(r): r["entropy"] for r in rows(rollout_entropy(lake, run_id, versions))}
     merged = []
     for row in overview:
-        v = row["policy_version"]
-        merged.append(
-            {**row, **{k: x for k, x in behaviour.get(v, {}).items() if k != "n_trajectories"}}
-            | {"rollout_entropy": entropy.get(v)}
-        )
+        extra = {
+            k: x for k, x in behaviour.get(key(row), {}).items() if k not in ("n_trajectories", "run_id")
+        }
+        merged.append({**row, **extra} | {"rollout_entropy": entropy.get(key(row))})
     return merged
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 
 VersionRange = tuple[int, int] | None
+Runs = str | Sequence[str]
+"""One run id, or several: a query of several runs reads them in one scan and keys its rows by run_id."""
 
 TIME_BUCKETS = 40
 """About how many buckets the over-time charts split a run's time span into."""
@@ -41,9 +44,19 @@ SCORED = "finished AND reward IS NOT NULL AND coalesce(failure_origin, '') <> 's
 """A trajectory that counts toward reward and pass@k (see trajlake.dashboards.metrics)."""
 
 
-def scored(versions: VersionRange = None) -> str:
-    """The WHERE clause of scored trajectories of run `$run`."""
-    return f"run_id = $run AND {SCORED} AND {versions_clause(versions)}"
+def scored(versions: VersionRange = None, runs: Runs = "") -> str:
+    """The WHERE clause of scored trajectories of the run(s) in `$run`."""
+    return f"{run_clause(runs)} AND {SCORED} AND {versions_clause(versions)}"
+
+
+def run_clause(runs: Runs, column: str = "run_id") -> str:
+    """`column = $run` for one run; `list_contains($run, column)` for several (bind `run` to the list)."""
+    return f"{column} = $run" if isinstance(runs, str) else f"list_contains($run, {column})"
+
+
+def run_key(runs: Runs) -> str:
+    """`run_id, ` to select (and group by) when `runs` is several runs; nothing for one."""
+    return "" if isinstance(runs, str) else "run_id, "
 
 
 def rows(table: pa.Table) -> list[dict[str, Any]]:
