@@ -17,6 +17,12 @@ are the environment runs, so `assistant_tokens` and `env_tokens` mean the same a
 rollouts. Step-wise samples sharing a trajectory id become the turns of one trajectory.
 Without `rollout_logprobs` the tokens are kept but masked out of the loss (mask 0), since
 an off-policy correction needs the sampling logprobs; the same rule as the Harbor importer.
+A row without token ids but with its text (a `responses` column) is stored as a turn with no
+tokens, the text in the turn's attributes and `tokens_recorded: false`; it is never
+re-tokenised.
+
+`record_skyrl_trajectory` is the one mapping from SkyRL rows to trajlake events; the live
+adapter (`rollout/adapters/skyrl.py`) uses it too, adding the engine's own answers per turn.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trajlake.ingest.recorder import Recorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.errors import ImportFormatError
 from trajlake.rollout.importers.base import ImportReport, ImportSession, stable_trajectory_id
@@ -43,7 +50,9 @@ COLUMNS = (
     "rollout_logprobs",
     "trajectory_ids",
     "is_last_step",
+    "responses",  # not a GeneratorOutput field: the response text, where a dump or the engine kept it
 )
+SOURCE = "skyrl"
 
 
 @dataclass
@@ -59,6 +68,7 @@ class SkyrlStep:
     instance_id: str | None
     repetition_id: int | None
     is_last_step: bool = True
+    text: str | None = None
 
 
 @dataclass
@@ -108,9 +118,9 @@ def load_outputs(path: Path) -> list[Mapping[str, Any]]:
         raise ImportFormatError(f"cannot read the dump ({err})", path=str(path)) from err
     items = data if isinstance(data, list) else [data]
     for item in items:
-        if not isinstance(item, Mapping) or "response_ids" not in item or "prompt_token_ids" not in item:
+        if not isinstance(item, Mapping) or not ({"response_ids", "responses"} & set(item)):
             raise ImportFormatError(
-                "not a SkyRL GeneratorOutput (needs prompt_token_ids and response_ids)", path=str(path)
+                "not a SkyRL GeneratorOutput (needs response_ids, or the responses' text)", path=str(path)
             )
     return items
 
@@ -135,13 +145,17 @@ def _ids_of(tid: Any) -> tuple[str | None, int | None]:
 
 def iter_steps(output: Mapping[str, Any]) -> Iterator[SkyrlStep]:
     """The rows of one GeneratorOutput (or of a single-sample row)."""
-    single = output["response_ids"] and not isinstance(_tolist(output["response_ids"])[0], list)
     cols = {k: _tolist(output.get(k)) for k in COLUMNS}
+    ids = cols["response_ids"]
+    if ids is not None:  # one sample's row holds ints, a batch's holds lists
+        single = bool(ids) and not isinstance(ids[0], (list, type(None)))
+    else:
+        single = isinstance(cols["responses"], str)
     if single:
         cols = {k: (None if v is None else [v]) for k, v in cols.items()}
         if output.get("trajectory_id") is not None:
             cols["trajectory_ids"] = [output["trajectory_id"]]
-    n = len(cols["response_ids"])
+    n = len(cols["response_ids"] if cols["response_ids"] is not None else cols["responses"] or [])
 
     def at(name: str, i: int) -> Any:
         col = cols.get(name)
@@ -151,8 +165,8 @@ def iter_steps(output: Mapping[str, Any]) -> Iterator[SkyrlStep]:
         instance, repetition = _ids_of(at("trajectory_ids", i))
         last = at("is_last_step", i)
         yield SkyrlStep(
-            prompt_token_ids=[int(t) for t in cols["prompt_token_ids"][i]],
-            response_ids=[int(t) for t in cols["response_ids"][i]],
+            prompt_token_ids=[int(t) for t in at("prompt_token_ids", i) or []],
+            response_ids=[int(t) for t in at("response_ids", i) or []],
             loss_mask=at("loss_masks", i),
             logprobs=at("rollout_logprobs", i),
             reward=at("rewards", i),
@@ -160,6 +174,7 @@ def iter_steps(output: Mapping[str, Any]) -> Iterator[SkyrlStep]:
             instance_id=instance,
             repetition_id=repetition,
             is_last_step=True if last is None else bool(last),
+            text=at("responses", i),
         )
 
 
@@ -206,73 +221,164 @@ def split_response(
     return turns
 
 
-def record_trajectory(session: ImportSession, traj: SkyrlTrajectory, source: str) -> None:
-    """Record one SkyRL trajectory through the session's Recorder."""
-    trajectory_id = stable_trajectory_id(
-        session.report.run_id, "skyrl", f"{source}:{traj.instance_id}:{traj.repetition_id}"
-    )
-    if session.already_imported(trajectory_id):
-        return
+@dataclass
+class EngineCall:
+    """One answer of the inference engine, as it returned it (the live adapter's per-turn detail)."""
+
+    prompt_token_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float] | None
+    stop_reason: str | None
+    text: str | None = None
+    latency_s: float | None = None
+    policy_version: int | None = None
+
+
+@dataclass
+class Recorded:
+    """What recording one SkyRL trajectory did."""
+
+    trajectory_id: str
+    turns: int = 0
+    tokens: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+_STOPS: dict[str, taxonomy.Failure] = {
+    "length": taxonomy.CONTEXT_EXHAUSTED,  # max tokens or max input length: the model ran out of room
+    "abort": taxonomy.INFRA_FAILED,  # the engine aborted the request (a weight sync, a restart)
+    "aborted": taxonomy.INFRA_FAILED,
+    "error": taxonomy.INFRA_FAILED,
+}
+
+
+def outcome(traj: SkyrlTrajectory) -> tuple[taxonomy.Failure, str | None]:
+    """(failure, message) of a SkyRL trajectory from its last row."""
     last = traj.steps[-1]
-    rec = session.recorder.start(
-        traj.instance_id,
-        traj.instance_id,
-        traj.repetition_id,
-        harness="skyrl",
-        trajectory_id=trajectory_id,
-        attributes={
-            "source": "skyrl",
-            "file": source,
-            "logprobs_recorded": all(s.logprobs is not None for s in traj.steps),
-        },
-    )
-    if any(s.logprobs is None for s in traj.steps):
-        session.report.warnings.append(
-            f"{traj.instance_id}_{traj.repetition_id}: no rollout_logprobs; stored with loss_mask 0"
-        )
+    if not last.is_last_step:
+        return taxonomy.HARNESS_FAILED, "the output ends before this trajectory's last step"
+    failure = _STOPS.get(str(last.stop_reason), taxonomy.COMPLETED)
+    return failure, None if failure is taxonomy.COMPLETED else f"stop reason {last.stop_reason}"
+
+
+def _reward(value: float | list[float] | None) -> tuple[float | None, dict[str, float] | None]:
+    if isinstance(value, list):  # per-token rewards: the trajectory's reward is their sum
+        return float(sum(value)), {
+            "per_token_sum": float(sum(value)),
+            "nonzero_tokens": float(sum(1 for r in value if r)),
+        }
+    return (None if value is None else float(value)), None
+
+
+def _text_turn(
+    rec: Any, result: Recorded, label: str, text: str | None, version: int, reason: str | None
+) -> None:
+    """A turn the engine answered without token ids: its text, flagged, never re-tokenised."""
+    result.warnings.append(f"{label}: turn {result.turns} has no token ids; stored as text")
+    rec.turn([], [], version, input_token_ids=[], finish_reason=reason,
+             attributes={"tokens_recorded": False, "completion": text})  # fmt: skip
+    result.turns += 1
+
+
+def _turns_from_rows(rec: Any, traj: SkyrlTrajectory, version: int, result: Recorded, label: str) -> None:
     for step in traj.steps:
+        if not step.response_ids and step.text is not None:
+            _text_turn(rec, result, label, step.text, version, step.stop_reason)
+            continue
         first = True
         for env, out, lps in split_response(step.response_ids, step.loss_mask, step.logprobs):
             mask = [step.logprobs is not None] * len(out)
-            if first:
-                rec.turn(
-                    out,
-                    lps,
-                    policy_version=0,
-                    full_input_token_ids=step.prompt_token_ids + env,
-                    loss_mask=mask,
-                    finish_reason=step.stop_reason,
-                )
-                first = False
-            else:
-                rec.turn(
-                    out,
-                    lps,
-                    policy_version=0,
-                    input_token_ids=env,
-                    loss_mask=mask,
-                    finish_reason=step.stop_reason,
-                )
-            session.report.turns += 1
-    reward = last.reward
-    components = None
-    if isinstance(reward, list):  # per-token rewards: the trajectory's reward is their sum
-        components = {
-            "per_token_sum": float(sum(reward)),
-            "nonzero_tokens": float(sum(1 for r in reward if r)),
-        }
-        reward = float(sum(reward))
-    if reward is not None:
-        rec.reward(float(reward), components=components, verifier="skyrl")
-    failure = taxonomy.CONTEXT_EXHAUSTED if last.stop_reason == "length" else taxonomy.COMPLETED
-    if not last.is_last_step:
-        failure = taxonomy.Failure("error", taxonomy.SYSTEM, taxonomy.HARNESS_BEHAVIOR, reward_valid=False)
-    rec.finish(
-        failure.status,
-        failure_origin=failure.origin,
-        failure_label=failure.label,
-        message=None if last.is_last_step else "the dump ends before this trajectory's last step",
+            inputs = (
+                {"full_input_token_ids": step.prompt_token_ids + env} if first else {"input_token_ids": env}
+            )
+            rec.turn(
+                out, lps, policy_version=version, loss_mask=mask, finish_reason=step.stop_reason, **inputs
+            )
+            first = False
+            result.turns += 1
+            result.tokens += len(out) + len(env)
+        result.tokens += len(step.prompt_token_ids)
+
+
+def _turns_from_calls(
+    rec: Any, traj: SkyrlTrajectory, calls: Sequence[EngineCall], version: int, result: Recorded, label: str
+) -> None:
+    trains = any(any(s.loss_mask or []) for s in traj.steps) or all(s.loss_mask is None for s in traj.steps)
+    for call in calls:
+        pv = version if call.policy_version is None else call.policy_version
+        if not call.response_ids and call.text:
+            _text_turn(rec, result, label, call.text, pv, call.stop_reason)
+            continue
+        logprobs, mask = call.logprobs, [trains] * len(call.response_ids)
+        if logprobs is None or len(logprobs) != len(call.response_ids):
+            logprobs, mask = [0.0] * len(call.response_ids), [False] * len(call.response_ids)
+        before = len(rec.context)
+        drift = rec.turn(call.response_ids, logprobs, pv, full_input_token_ids=call.prompt_token_ids,
+                         loss_mask=mask, finish_reason=call.stop_reason, latency_s=call.latency_s)  # fmt: skip
+        result.turns += 1
+        result.tokens += len(call.prompt_token_ids) - (0 if drift else before) + len(call.response_ids)
+
+
+def record_skyrl_trajectory(
+    recorder: Recorder,
+    traj: SkyrlTrajectory,
+    trajectory_id: str,
+    *,
+    policy_version: int = 0,
+    group_id: str | None = None,
+    calls: Sequence[EngineCall] | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    tags: Sequence[str] = (),
+    failure: tuple[taxonomy.Failure, str] | None = None,
+) -> Recorded:
+    """Record one SkyRL trajectory (its GeneratorOutput rows) as one finished trajectory.
+
+    Turns come from the engine's answers (`calls`, each turn's input exactly as the engine saw
+    it, so the Recorder flags TITO drift) when the live adapter captured them, else from the
+    rows (model runs split at loss-mask changes). `group_id` (the prompt group) defaults to the
+    instance id. `failure` overrides the rows' outcome (a generator that raised).
+    """
+    result = Recorded(trajectory_id)
+    label = f"{traj.instance_id}_{traj.repetition_id}"
+    if calls:
+        has_logprobs = all(c.logprobs is not None for c in calls)
+    else:
+        has_logprobs = all(s.logprobs is not None for s in traj.steps)
+    rec = recorder.start(
+        traj.instance_id,
+        group_id or traj.instance_id,
+        traj.repetition_id,
+        harness=SOURCE,
+        trajectory_id=trajectory_id,
+        tags=list(tags),
+        attributes={"source": SOURCE, "logprobs_recorded": has_logprobs, **(attributes or {})},
     )
+    if not has_logprobs:
+        result.warnings.append(f"{label}: no rollout_logprobs; stored with loss_mask 0")
+    if calls:
+        _turns_from_calls(rec, traj, calls, policy_version, result, label)
+    else:
+        _turns_from_rows(rec, traj, policy_version, result, label)
+    found, message = failure or outcome(traj)
+    reward, components = _reward(traj.steps[-1].reward if traj.steps else None)
+    if found.reward_valid and reward is not None:
+        rec.reward(reward, components=components, verifier=SOURCE)
+    elif not found.reward_valid:
+        rec.reward(None, verifier=SOURCE, verifier_error=(message or "no valid reward")[:500])
+    rec.finish(found.status, failure_origin=found.origin, failure_label=found.label, message=message)
+    return result
+
+
+def record_trajectory(session: ImportSession, traj: SkyrlTrajectory, source: str) -> None:
+    """Record one SkyRL trajectory of a dump file through the session's Recorder."""
+    trajectory_id = stable_trajectory_id(
+        session.report.run_id, SOURCE, f"{source}:{traj.instance_id}:{traj.repetition_id}"
+    )
+    if session.already_imported(trajectory_id):
+        return
+    done = record_skyrl_trajectory(session.recorder, traj, trajectory_id, attributes={"file": source})
+    session.report.turns += done.turns
+    session.report.warnings.extend(done.warnings)
     session.done_one()
 
 

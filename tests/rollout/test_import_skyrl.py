@@ -195,3 +195,17 @@ def test_environment_tokens_after_the_last_model_turn_are_kept(lake, tmp_path):
     report = import_skyrl(lake, [path], "sky-tail")
     assert report.dead_letters == 0
     assert rows(lake, "sky-tail")[0]["token_ids"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_row_without_token_ids_is_stored_as_text_and_flagged(lake, tmp_path):
+    out = generator_output()
+    del out["response_ids"]
+    out["responses"] = ["four", "five", "six"]  # the text a dump kept, without the engine's ids
+    path = tmp_path / "text.json"
+    path.write_text(json.dumps(out))
+    report = import_skyrl(lake, [path], "sky-text")
+    assert report.trajectories == 3 and report.dead_letters == 0
+    assert sum("no token ids; stored as text" in w for w in report.warnings) == 3
+    turns = lake.sql("select output_token_ids, attributes from events where event_type = 'turn'").to_pylist()
+    assert sorted(json.loads(t["attributes"])["completion"] for t in turns) == ["five", "four", "six"]
+    assert all(t["output_token_ids"] == [] and '"tokens_recorded":false' in t["attributes"] for t in turns)
