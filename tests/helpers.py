@@ -163,3 +163,10 @@ def run_json_script(
     if done.returncode != 0:
         pytest.fail(f"{script.name} {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])  # a framework may print progress before it
+
+
+def same_floats(a: Any, b: Any) -> bool:
+    """The two sequences hold the same float32 values (logprobs as the lake stores them)."""
+    import numpy as np
+
+    return bool(np.array_equal(np.array(a, dtype=np.float32), np.array(b, dtype=np.float32)))

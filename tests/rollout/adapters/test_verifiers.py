@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from tests.helpers import stored_trajectories
+from tests.helpers import same_floats, stored_trajectories
 from trajlake.rollout import taxonomy
 from trajlake.rollout.adapters.verifiers import (
     UnsupportedVerifiers,
@@ -29,10 +28,6 @@ def trajectories(lake_root: Path, run: str) -> dict[str, dict]:
         row["rounded"] = row["attributes"].get("logprobs_rounded")
         out[row["attributes"]["trace_id"]] = row
     return out
-
-
-def same_floats(a, b) -> bool:
-    return np.array_equal(np.array(a, dtype=np.float32), np.array(b, dtype=np.float32))
 
 
 @pytest.fixture(scope="module")
