@@ -22,6 +22,7 @@ pytest_plugins = [
         "tests.fixtures.agent_lightning",
         "tests.fixtures.verifiers_venv",
         "tests.fixtures.harbor_venv",
+        "tests.fixtures.skyrl_venv",
     )
     if (Path(__file__).parent / "fixtures" / (name.rsplit(".", 1)[1] + ".py")).exists()
 ]
