@@ -4,6 +4,9 @@ session's vLLM) recorded through RecordingGenerator; the lake served back to Sky
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +126,24 @@ def test_an_engine_answer_without_token_ids_is_stored_as_text_and_flagged(run_sk
     assert any("no token ids; stored as text" in w for w in result["warnings"])
 
 
+@pytest.mark.integration  # the example re-runs itself in the SkyRL venv; the session's vLLM
+def test_the_example_records_rollouts_and_serves_them_back(skyrl_venv, vllm_server, tmp_path):
+    example = Path(__file__).parents[3] / "examples" / "skyrl" / "run.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--lake", str(tmp_path / "lake"), "--vllm-url", vllm_server.url,
+         "--prompts", "2", "--samples", "2", "--run-id", "sky-example"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "recorded 4 trajectories, 8 turns" in done.stdout and "0 dead letters" in done.stdout
+    assert (
+        "served 4 trajectories from the lake to a SkyRL trainer step (validate_generator_output passed)"
+        in done.stdout
+    )
+    rows = stored_trajectories(tmp_path / "lake", "sky-example")
+    assert len(rows) == 4 and all(len(r["turns"]) == 2 and r["finished_events"] == 1 for r in rows.values())
+
+
 def test_an_unknown_skyrl_version_names_the_supported_one():
     with pytest.raises(
         UnsupportedSkyrl, match=r"skyrl 0\.3\.1 is not supported; this adapter supports skyrl 0\.4\.x"
@@ -162,3 +183,4 @@ def test_engine_turns_that_break_the_prefix_are_flagged_as_tito_drift(lake):
     assert [t["policy_version"] for t in turns] == [2, 3] and turns[1]["output_logprobs"] == [-0.125]
     (row,) = lake.sql("select reward, status, tito_drift from trajectories").to_pylist()
     assert row == {"reward": 1.0, "status": "completed", "tito_drift": True}
+
