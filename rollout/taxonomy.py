@@ -78,6 +78,9 @@ _BY_NAME: dict[str, Failure] = {
     "ConnectError": INFRA_FAILED,
     "ReadTimeout": INFRA_FAILED,
     "ConnectTimeout": INFRA_FAILED,
+    "ClientConnectorError": INFRA_FAILED,  # aiohttp (SkyRL's RemoteInferenceClient): the engine unreachable
+    "ServerDisconnectedError": INFRA_FAILED,
+    "ClientOSError": INFRA_FAILED,
     "SandboxError": INFRA_FAILED,
     "SandboxTimeout": INFRA_FAILED,
     "WorkerCrashedError": WORKER_CRASHED,

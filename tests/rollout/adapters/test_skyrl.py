@@ -14,6 +14,7 @@ from tests.helpers import same_floats, stored_trajectories
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.rollout import taxonomy
 from trajlake.rollout.adapters.skyrl import UnsupportedSkyrl, check_version, installed_version
 from trajlake.rollout.importers.skyrl import EngineCall, SkyrlStep, SkyrlTrajectory, record_skyrl_trajectory
 from trajlake.store.lake import Lake
@@ -184,3 +185,15 @@ def test_engine_turns_that_break_the_prefix_are_flagged_as_tito_drift(lake):
     (row,) = lake.sql("select reward, status, tito_drift from trajectories").to_pylist()
     assert row == {"reward": 1.0, "status": "completed", "tito_drift": True}
 
+
+@pytest.mark.parametrize(
+    ("name", "base", "expected"),
+    [
+        ("ClientConnectorError", OSError, taxonomy.INFRA_FAILED),  # aiohttp: vLLM is down
+        ("ServerDisconnectedError", Exception, taxonomy.INFRA_FAILED),
+        ("RuntimeError", RuntimeError, taxonomy.HARNESS_FAILED),  # an env or generator bug
+    ],
+    ids=["engine-unreachable", "engine-disconnected", "env-bug"],
+)
+def test_the_exceptions_a_skyrl_generate_raises_map_to_the_failure_taxonomy(name, base, expected):
+    assert taxonomy.classify_exception(type(name, (base,), {})("boom")) is expected
