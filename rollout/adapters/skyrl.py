@@ -123,6 +123,8 @@ class CapturingClient:
         self._client = client
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_client":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self._client, name)
 
     async def generate(self, input_batch: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
@@ -222,6 +224,9 @@ class RecordingGenerator:
             _capture_agent_loop(generator)
 
     def __getattr__(self, name: str) -> Any:
+        """Everything else is the inner generator's (its config, tokenizer, agent_loop ...)."""
+        if name.startswith("__") or name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     async def generate(self, input_batch: Mapping[str, Any], disable_tqdm: bool | None = None) -> Any:
