@@ -115,6 +115,31 @@ def test_the_lake_serves_a_skyrl_trainer_batches_that_pass_validate_generator_ou
     assert len(served["consumed"]) == 4  # both batches committed to batch_consumption
 
 
+@pytest.mark.integration  # a SkyRL process, the session's vLLM
+def test_step_wise_rows_become_one_trajectory_and_their_re_templated_prompts_are_flagged_as_drift(
+    run_skyrl, vllm_server, tmp_path
+):
+    result = run_skyrl("stepwise", "--lake", str(tmp_path / "lake"), "--run-id", "sky-steps", "--url", vllm_server.url,
+                       "--model-dir", str(vllm_server.model_dir), "--model", vllm_server.name)  # fmt: skip
+    assert len(result["rows"]) == 4 and result["is_last_step"] == [False, True, False, True]
+    rows = stored_trajectories(tmp_path / "lake", "sky-steps")
+    assert len(rows) == 2 and result["dead_letters"] == 0
+    by_sample = {r["sample_index"]: r for r in rows.values()}
+    for k, row in by_sample.items():
+        assert row["finished_events"] == 1 and len(row["turns"]) == 2
+        for turn in row["turns"]:  # the engine's answers, as it returned them
+            assert any(turn["output_token_ids"] == a["token_ids"] and same_floats(turn["output_logprobs"], a["logprobs"])
+                       for a in result["engine_answers"])  # fmt: skip
+        # SkyRL renders each step's prompt from the chat history again (re-tokenising the first
+        # answer's text): the lake flags drift exactly when the second prompt does not extend the
+        # first prompt + the engine's first output
+        first, second = [r for r in result["rows"] if r["trajectory_id"] == f"q0_{k}"]
+        output = [t for t, m in zip(first["response"], first["mask"], strict=True) if m]
+        extends = second["prompt"][: len(first["prompt"]) + len(output)] == first["prompt"] + output
+        assert [t["tito_drift"] for t in row["turns"]] == [False, not extends]
+        assert row["tito_drift"] == (not extends)
+
+
 @pytest.mark.integration  # a SkyRL process
 def test_an_engine_answer_without_token_ids_is_stored_as_text_and_flagged(run_skyrl, tmp_path):
     result = run_skyrl("objects", "--lake", str(tmp_path / "lake"), "--run-id", "sky-text")
