@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 from trajlake.ingest.recorder import Recorder
 from trajlake.rollout import taxonomy
@@ -51,10 +51,6 @@ from trajlake.rollout.importers.skyrl import (
     iter_steps,
     record_skyrl_trajectory,
 )
-
-if TYPE_CHECKING:
-    from trajlake.trainer.batch import Batch
-    from trajlake.trainer.sampler import Sampler
 
 SUPPORTED_VERSIONS = ("0.4",)  # skyrl release lines (major.minor) whose GeneratorOutput this maps
 
@@ -330,7 +326,22 @@ class RecordingGenerator:
 
 
 # -- the lake into a SkyRL trainer ---------------------------------------------------------------
-def _prompt_lengths(sampler: Sampler, trajectory_ids: Sequence[str]) -> dict[str, int]:
+@runtime_checkable
+class BatchSource(Protocol):
+    """What LakeGenerator needs of trajlake's `trainer.sampler.Sampler` (rollout does not import
+    the trainer package; the Sampler fits this as it is)."""
+
+    lake: Any
+    config: Any
+
+    def next_batch(self, trainer_version: int, step: int, timeout_s: float = 0.0) -> Any: ...
+
+    def release(self, batch: Any) -> int: ...
+
+    def commit(self, batch: Any) -> list[str]: ...
+
+
+def _prompt_lengths(sampler: BatchSource, trajectory_ids: Sequence[str]) -> dict[str, int]:
     """Each trajectory's prompt length: the input of its first turn (or of its last full-input turn)."""
     from trajlake.store.sql import placeholders
 
@@ -358,7 +369,7 @@ class LakeGenerator:
 
     def __init__(
         self,
-        sampler: Sampler,
+        sampler: BatchSource,
         *,
         trainer_version: int | Callable[[], int] | None = None,
         timeout_s: float = 60.0,
@@ -368,7 +379,7 @@ class LakeGenerator:
         self.sampler = sampler
         self.trainer_version = trainer_version
         self.timeout_s = timeout_s
-        self.pending: Batch | None = None
+        self.pending: Any = None  # the trainer.batch.Batch handed out last
         self.steps = 0
 
     async def generate(
@@ -398,7 +409,7 @@ class LakeGenerator:
         self.steps = step
         return output
 
-    def to_generator_output(self, batch: Batch, input_batch: Mapping[str, Any]) -> dict[str, Any]:
+    def to_generator_output(self, batch: Any, input_batch: Mapping[str, Any]) -> dict[str, Any]:
         """`batch` as a `GeneratorOutput` whose groups line up with the input's prompt groups."""
         from skyrl.train.generators.base import TrajectoryID
 

@@ -15,7 +15,7 @@ from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout import taxonomy
-from trajlake.rollout.adapters.skyrl import UnsupportedSkyrl, check_version, installed_version
+from trajlake.rollout.adapters.skyrl import BatchSource, UnsupportedSkyrl, check_version, installed_version
 from trajlake.rollout.importers.skyrl import EngineCall, SkyrlStep, SkyrlTrajectory, record_skyrl_trajectory
 from trajlake.store.lake import Lake
 
@@ -168,6 +168,13 @@ def test_the_example_records_rollouts_and_serves_them_back(skyrl_venv, vllm_serv
     )
     rows = stored_trajectories(tmp_path / "lake", "sky-example")
     assert len(rows) == 4 and all(len(r["turns"]) == 2 and r["finished_events"] == 1 for r in rows.values())
+
+
+def test_the_trainer_s_sampler_is_what_lake_generator_reads_from(lake):
+    from trajlake.trainer.config import SamplerConfig
+    from trajlake.trainer.sampler import Sampler
+
+    assert isinstance(Sampler(lake, None, SamplerConfig()), BatchSource)
 
 
 def test_an_unknown_skyrl_version_names_the_supported_one():
