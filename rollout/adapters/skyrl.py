@@ -41,11 +41,10 @@ from typing import Any, Protocol, runtime_checkable
 from trajlake.ingest.recorder import Recorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.errors import RolloutError
-from trajlake.rollout.importers.base import stable_trajectory_id
+from trajlake.rollout.importers.base import RecordedTrajectory, stable_trajectory_id
 from trajlake.rollout.importers.skyrl import (
     SOURCE,
     EngineCall,
-    Recorded,
     SkyrlTrajectory,
     group_trajectories,
     iter_steps,
@@ -257,7 +256,7 @@ class RecordingGenerator:
         meta: Any,
         calls: list[EngineCall] | None,
         failure: tuple[taxonomy.Failure, str] | None = None,
-    ) -> Recorded:
+    ) -> RecordedTrajectory:
         """Record one trajectory of a batch (`meta`: its `BatchMetadata`) under a fresh attempt id."""
         step = getattr(meta, "global_step", None)
         phase = str(getattr(meta, "training_phase", "train"))
@@ -287,7 +286,7 @@ class RecordingGenerator:
 
     def record(
         self, input_batch: Mapping[str, Any], output: Mapping[str, Any], batch: _Batch | None = None
-    ) -> list[Recorded]:
+    ) -> list[RecordedTrajectory]:
         """Record the trajectories of one `GeneratorOutput` produced for `input_batch`."""
         steps = list(iter_steps(output))
         input_ids = list(input_batch.get("trajectory_ids") or [])
@@ -306,7 +305,7 @@ class RecordingGenerator:
 
     def record_failure(
         self, input_batch: Mapping[str, Any], err: BaseException, batch: _Batch | None = None
-    ) -> list[Recorded]:
+    ) -> list[RecordedTrajectory]:
         """End every trajectory of a batch whose `generate` raised, with the turns the engine had answered."""
         input_ids = list(input_batch.get("trajectory_ids") or [])
         done = []

@@ -38,7 +38,12 @@ from typing import Any
 from trajlake.ingest.recorder import Recorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.errors import ImportFormatError
-from trajlake.rollout.importers.base import ImportReport, ImportSession, stable_trajectory_id
+from trajlake.rollout.importers.base import (
+    ImportReport,
+    ImportSession,
+    RecordedTrajectory,
+    stable_trajectory_id,
+)
 from trajlake.store.lake import Lake
 
 COLUMNS = (
@@ -234,16 +239,6 @@ class EngineCall:
     policy_version: int | None = None
 
 
-@dataclass
-class Recorded:
-    """What recording one SkyRL trajectory did."""
-
-    trajectory_id: str
-    turns: int = 0
-    tokens: int = 0
-    warnings: list[str] = field(default_factory=list)
-
-
 _STOPS: dict[str, taxonomy.Failure] = {
     "length": taxonomy.CONTEXT_EXHAUSTED,  # max tokens or max input length: the model ran out of room
     "abort": taxonomy.INFRA_FAILED,  # the engine aborted the request (a weight sync, a restart)
@@ -271,7 +266,7 @@ def _reward(value: float | list[float] | None) -> tuple[float | None, dict[str, 
 
 
 def _text_turn(
-    rec: Any, result: Recorded, label: str, text: str | None, version: int, reason: str | None
+    rec: Any, result: RecordedTrajectory, label: str, text: str | None, version: int, reason: str | None
 ) -> None:
     """A turn the engine answered without token ids: its text, flagged, never re-tokenised."""
     result.warnings.append(f"{label}: turn {result.turns} has no token ids; stored as text")
@@ -280,7 +275,9 @@ def _text_turn(
     result.turns += 1
 
 
-def _turns_from_rows(rec: Any, traj: SkyrlTrajectory, version: int, result: Recorded, label: str) -> None:
+def _turns_from_rows(
+    rec: Any, traj: SkyrlTrajectory, version: int, result: RecordedTrajectory, label: str
+) -> None:
     for step in traj.steps:
         if not step.response_ids and step.text is not None:
             _text_turn(rec, result, label, step.text, version, step.stop_reason)
@@ -301,7 +298,12 @@ def _turns_from_rows(rec: Any, traj: SkyrlTrajectory, version: int, result: Reco
 
 
 def _turns_from_calls(
-    rec: Any, traj: SkyrlTrajectory, calls: Sequence[EngineCall], version: int, result: Recorded, label: str
+    rec: Any,
+    traj: SkyrlTrajectory,
+    calls: Sequence[EngineCall],
+    version: int,
+    result: RecordedTrajectory,
+    label: str,
 ) -> None:
     trains = any(any(s.loss_mask or []) for s in traj.steps) or all(s.loss_mask is None for s in traj.steps)
     for call in calls:
@@ -330,7 +332,7 @@ def record_skyrl_trajectory(
     attributes: Mapping[str, Any] | None = None,
     tags: Sequence[str] = (),
     failure: tuple[taxonomy.Failure, str] | None = None,
-) -> Recorded:
+) -> RecordedTrajectory:
     """Record one SkyRL trajectory (its GeneratorOutput rows) as one finished trajectory.
 
     Turns come from the engine's answers (`calls`, each turn's input exactly as the engine saw
@@ -338,7 +340,7 @@ def record_skyrl_trajectory(
     rows (model runs split at loss-mask changes). `group_id` (the prompt group) defaults to the
     instance id. `failure` overrides the rows' outcome (a generator that raised).
     """
-    result = Recorded(trajectory_id)
+    result = RecordedTrajectory(trajectory_id)
     label = f"{traj.instance_id}_{traj.repetition_id}"
     if calls:
         has_logprobs = all(c.logprobs is not None for c in calls)
