@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from trajlake.ingest.recorder import Recorder
+from trajlake.rollout.adapters import check_release, installed_release, supported_releases
 from trajlake.rollout.errors import RolloutError
 from trajlake.rollout.importers.base import RecordedTrajectory, stable_trajectory_id
 from trajlake.rollout.importers.harbor import HarborTrial, record_trial, trajectory_id_of
@@ -47,31 +48,17 @@ class UnsupportedHarbor(RolloutError):
 
 
 def supported() -> str:
-    return ", ".join(f"harbor {v}.x" for v in SUPPORTED_VERSIONS)
+    return supported_releases("harbor", SUPPORTED_VERSIONS)
 
 
 def check_version(version: str | None) -> None:
     """Raise `UnsupportedHarbor` unless `version` is a release line this adapter maps."""
-    line = ".".join(str(version or "").split(".")[:2])
-    if line not in SUPPORTED_VERSIONS:
-        raise UnsupportedHarbor(
-            f"harbor {version or 'of unknown version'} is not supported; this adapter supports {supported()}"
-        )
+    check_release("harbor", version, SUPPORTED_VERSIONS, UnsupportedHarbor)
 
 
 def installed_version() -> str:
     """The installed Harbor release; raise `UnsupportedHarbor` unless it is supported."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        found = version("harbor")
-    except PackageNotFoundError as err:
-        raise UnsupportedHarbor(
-            f"harbor is not installed here; install one of: {supported()} "
-            "(scripts/framework-venv.sh harbor builds a venv with it)"
-        ) from err
-    check_version(found)
-    return found
+    return installed_release("harbor", SUPPORTED_VERSIONS, UnsupportedHarbor, "harbor")
 
 
 def trial_dir_of(result: Any, config: Any = None) -> Path | None:

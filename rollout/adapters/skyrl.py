@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import importlib.metadata
 import inspect
 import threading
 import time
@@ -40,6 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trajlake.ingest.recorder import Recorder
 from trajlake.rollout import taxonomy
+from trajlake.rollout.adapters import check_release, installed_release, supported_releases
 from trajlake.rollout.errors import RolloutError
 from trajlake.rollout.importers.base import RecordedTrajectory, stable_trajectory_id
 from trajlake.rollout.importers.skyrl import (
@@ -63,29 +63,17 @@ class LakeBatchError(RolloutError):
 
 
 def supported() -> str:
-    return ", ".join(f"skyrl {v}.x" for v in SUPPORTED_VERSIONS)
+    return supported_releases("skyrl", SUPPORTED_VERSIONS)
 
 
 def check_version(version: str | None) -> None:
     """Raise `UnsupportedSkyrl` unless `version` is a skyrl release this adapter maps."""
-    line = ".".join(str(version or "").split(".")[:2])
-    if line not in SUPPORTED_VERSIONS:
-        raise UnsupportedSkyrl(
-            f"skyrl {version or 'of unknown version'} is not supported; this adapter supports {supported()}"
-        )
+    check_release("skyrl", version, SUPPORTED_VERSIONS, UnsupportedSkyrl)
 
 
 def installed_version() -> str:
     """The installed skyrl release; raise `UnsupportedSkyrl` unless it is supported."""
-    try:
-        version = importlib.metadata.version("skyrl")
-    except importlib.metadata.PackageNotFoundError as err:
-        raise UnsupportedSkyrl(
-            f"skyrl is not installed here; install one of: {supported()} "
-            "(scripts/framework-venv.sh skyrl builds a venv with it)"
-        ) from err
-    check_version(version)
-    return version
+    return installed_release("skyrl", SUPPORTED_VERSIONS, UnsupportedSkyrl, "skyrl")
 
 
 def _register(cls: type) -> None:
