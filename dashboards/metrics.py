@@ -494,12 +494,13 @@ def metrics_report(
         for q in PERCENTILES:
             p = f"p{round(q * 100)}"
             lengths.setdefault(r["policy_version"], {})[f"{r['measure']}_{p}"] = r[p]
+    tasks: dict[int, list[tuple[int, int]]] = {}  # one query for every version's pass@k, not one per version
+    for r in rows(task_outcomes(lake, run_id, None, success_threshold)):
+        tasks.setdefault(r["policy_version"], []).append((r["n"], r["c"]))
     for row in versions:
         v = row["policy_version"]
         row |= lengths.get(v, {})  # e.g. latency_s_p99, tokens_p50: absent where nothing was recorded
-        row["pass_at_k"] = {
-            r["k"]: r["pass_at_k"] for r in rows(pass_at_k_curve(lake, run_id, (v, v), success_threshold))
-        }
+        row["pass_at_k"] = {r["k"]: r["pass_at_k"] for r in mean_pass_at_k(tasks.get(v, []))}
     return {
         "run_id": run_id,
         "success_threshold": success_threshold,
