@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
-from math import comb
+from math import comb, fsum
 
 MAX_K = 16
 """The largest k the dashboards show."""
@@ -31,12 +32,16 @@ def mean_pass_at_k(
     """pass@k averaged over tasks, per k, from (n samples, c successes) per task.
 
     A task contributes to k only when it has at least k samples; a k no task reaches is left out.
-    Returns rows `{"k", "pass_at_k", "n_tasks"}`.
+    Tasks share few distinct (n, c) pairs (a run samples a fixed group size), so each pair's
+    pass@k is computed once, not once per task, and the mean is an `fsum` weighted by how many
+    tasks share the pair. Returns rows `{"k", "pass_at_k", "n_tasks"}`.
     """
-    tasks = [(int(n), int(c)) for n, c in tasks if n]
+    pairs = Counter((int(n), int(c)) for n, c in tasks if n)
     rows = []
     for k in ks:
-        values = [pass_at_k(n, c, k) for n, c in tasks if n >= k]
-        if values:
-            rows.append({"k": k, "pass_at_k": sum(values) / len(values), "n_tasks": len(values)})
+        reached = [(pair, count) for pair, count in pairs.items() if pair[0] >= k]
+        n_tasks = sum(count for _, count in reached)
+        if n_tasks:
+            total = fsum(pass_at_k(n, c, k) * count for (n, c), count in reached)
+            rows.append({"k": k, "pass_at_k": total / n_tasks, "n_tasks": n_tasks})
     return rows

@@ -61,3 +61,13 @@ def test_mean_pass_at_k_rises_with_k_over_a_fixed_set_of_tasks(tasks):
     tasks = [(n, min(c, n)) for n, c in tasks]
     values = [r["pass_at_k"] for r in mean_pass_at_k(tasks)]
     assert all(a <= b + 1e-12 for a, b in itertools.pairwise(values))
+
+
+@given(st.lists(st.tuples(st.integers(1, 20), st.integers(0, 20)), min_size=1, max_size=60))
+def test_mean_pass_at_k_is_the_exact_mean_of_every_tasks_pass_at_k(tasks):
+    tasks = [(n, min(c, n)) for n, c in tasks]
+    for row in mean_pass_at_k(tasks):
+        reached = [(n, c) for n, c in tasks if n >= row["k"]]
+        exact = sum(Fraction(pass_at_k(n, c, row["k"])) for n, c in reached) / len(reached)
+        assert row["n_tasks"] == len(reached)
+        assert row["pass_at_k"] == pytest.approx(float(exact), rel=1e-15)
