@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
 from trajlake.trainer.batch import Batch, SamplerStats, TrajectorySample, pack_micro_batches
 from trajlake.trainer.config import SamplerConfig
@@ -68,7 +69,15 @@ class _Group:
     members: list[_Member] = field(default_factory=list)
     unfinished: int = 0
     finished: int = 0
-    first_finished_at: dt.datetime | None = None
+    first_finished_at: int | None = None
+    """Microseconds since the epoch (a datetime per row costs ~9 µs: 0.9 s for 100k trajectories)."""
+
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _epoch_us(t: dt.datetime) -> int:
+    return (t - EPOCH) // dt.timedelta(microseconds=1)
 
 
 class Sampler:
@@ -103,7 +112,8 @@ class Sampler:
             f"select {', '.join(SCALAR_COLUMNS)} from trajectories where run_id = $run", {"run": cfg.run_id}
         )
         taken = self.catalog.unavailable_ids(cfg.run_id) if self.catalog is not None else set()
-        cols = {name: rows.column(name).to_pylist() for name in SCALAR_COLUMNS}
+        cols = {name: rows.column(name).to_pylist() for name in SCALAR_COLUMNS if name != "finished_at"}
+        cols["finished_at"] = rows.column("finished_at").cast(pa.int64()).to_pylist()
         stats = SamplerStats()
         groups: dict[str, _Group] = {}
         blocked: set[str] = set()
@@ -130,7 +140,8 @@ class Sampler:
         stats.late_members = sum(len(groups[gid].members) for gid in blocked)
         ready = [g for gid, g in groups.items() if gid not in blocked and self._is_ready(g, now, stats)]
         ready = [g for g in ready if self._has_signal(g, stats)]
-        ready.sort(key=lambda g: (g.first_finished_at or now, g.group_id))
+        now_us = _epoch_us(now)
+        ready.sort(key=lambda g: (g.first_finished_at or now_us, g.group_id))
         stats.ready_groups = len(ready)
         return ready, stats
 
@@ -166,7 +177,7 @@ class Sampler:
             return bool(group.members)
         waited = (
             group.first_finished_at is not None
-            and (now - group.first_finished_at).total_seconds() >= cfg.group_wait_s
+            and (_epoch_us(now) - group.first_finished_at) / 1e6 >= cfg.group_wait_s
         )
         if not waited:
             stats.incomplete_groups_waiting += 1
