@@ -11,7 +11,9 @@ from all their events and merged, which makes every update idempotent.
 
 from __future__ import annotations
 
+import glob
 import json
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -362,21 +364,65 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
             lake.commit(name, actions, txn, expect_txns=expect)
 
 
+REBUILD_BUCKET_EVENTS = 1_000_000
+"""About how many events `rebuild` projects at once: what bounds its memory on a lake of any size."""
+
+
 def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, int]:
     """Recreate projections from all of `events`; return rows per table.
 
-    Files are read one at a time and reduced to scalars, so memory stays bounded by the
-    largest file rather than by the lake.
+    Memory stays bounded however large the lake is. Each events file is read once, a row group
+    at a time, and reduced to scalars, which are spilled to a temporary directory split by
+    trajectory into buckets of about REBUILD_BUCKET_EVENTS events; each bucket's rows are
+    projected and written on their own (a trajectory's events all fall in one bucket), and one
+    commit per table then replaces its rows.
     """
+    import pyarrow.dataset as ds
+
+    names = list(names)
     upto = lake.version("events")
     fs, _ = lake.filesystem()
-    parts = [scalarize(SCHEMAS_EVENTS.empty_table())]
-    for uri in lake.files("events"):
-        path = uri.split("://", 1)[1] if "://" in uri else uri
-        parts.append(scalarize(_read_events_file(path, fs)))
-    rows = compute(pa.concat_tables(parts))
-    counts = {}
+    files = [uri.split("://", 1)[1] if "://" in uri else uri for uri in lake.files("events")]
+    n_events = _stored_rows(lake, "events")
+    buckets = max(1, -(-n_events // REBUILD_BUCKET_EVENTS))
+    adds: dict[str, list] = {name: [] for name in names}
+    counts = dict.fromkeys(names, 0)
+    con = connection()
+    try:
+        with tempfile.TemporaryDirectory(prefix="trajlake-rebuild-") as spill:
+            source = ds.dataset(files, schema=SCHEMAS_EVENTS, filesystem=fs, format="parquet")
+            # no read-ahead: pyarrow's default holds 16 batches of token lists (~1 GB more here)
+            batches = source.to_batches(
+                columns=list(EVENT_COLUMNS), batch_size=16_384, batch_readahead=0, fragment_readahead=0
+            )
+            for i, batch in enumerate(batches):
+                con.register("part", scalarize(pa.Table.from_batches([batch])))
+                con.execute(
+                    f"copy (select *, hash(coalesce(trajectory_id, '')) % {buckets} as bucket from part) "
+                    f"to '{spill}/{i}' (format parquet, partition_by (bucket))"
+                )
+                con.unregister("part")
+            for bucket in range(buckets):
+                parts = sorted(glob.glob(f"{spill}/*/bucket={bucket}/*.parquet"))
+                events = (
+                    con.sql("select * from read_parquet($parts)", params={"parts": parts}).to_arrow_table()
+                    if parts
+                    else scalarize(SCHEMAS_EVENTS.empty_table())
+                )
+                rows = compute(events.select(scalarize(SCHEMAS_EVENTS.empty_table()).column_names))
+                for name in names:
+                    adds[name] += lake.write_files(name, rows[name]) if rows[name].num_rows else []
+                    counts[name] += rows[name].num_rows
+    finally:
+        con.close()
     for name in names:
-        lake.overwrite(name, rows[name], {APP_ID: max(upto, -1)})
-        counts[name] = rows[name].num_rows
+        lake.commit(name, adds[name], {APP_ID: max(upto, -1)}, mode="overwrite")
     return counts
+
+
+def _stored_rows(lake: Lake, name: str) -> int:
+    """Rows of `name`'s current files, from the Delta log's statistics."""
+    if not lake.exists(name):
+        return 0
+    actions = pa.table(lake.delta(name).get_add_actions(flatten=True))
+    return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0
