@@ -12,8 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.dataset as ds
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake.store.errors import LakeError
@@ -70,9 +69,11 @@ def optimize(lake: Lake, name: str, target_bytes: int = TARGET_FILE_BYTES) -> tu
     small = sorted((i.path, i.size) for i in infos if i.size < target_bytes)
     removed = added = 0
     for group in _bins(small, target_bytes):
-        # the table's full schema: a file older than a column gets it, as null
-        data = pa.concat_tables([pq.read_table(p, filesystem=fs, schema=SCHEMAS[name]) for p in group])
-        written = lake.write_file(name, data)
+        # streamed a batch at a time, with the table's full schema (a file older than a column
+        # gets it, as null): reading a whole bin of events held 8.4 GB on a 1.8 GB lake
+        source = ds.dataset(group, schema=SCHEMAS[name], filesystem=fs, format="parquet")
+        batches = source.to_batches(batch_size=16_384, batch_readahead=0, fragment_readahead=0)
+        written = lake.write_batches(name, batches)
         add = AddAction(written.path, written.size, {}, written.modification_time, False, written.stats)
         now = int(time.time() * 1000)
         removes = [RemoveAction(p.rsplit("/", 1)[1], False, now, size) for p, size in small if p in group]

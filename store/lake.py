@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -229,6 +229,42 @@ class Lake:
             os.replace(tmp, path)  # a reader never sees a half-written file
         size = fs.get_file_info(path).size
         return AddAction(rel, size, {}, int(time.time() * 1000), True, json.dumps(_stats(data)))
+
+    def write_batches(self, name: str, batches: Iterable[pa.RecordBatch]) -> AddAction:
+        """Write a stream of batches as one new Parquet file of `name` (not yet committed).
+
+        Memory holds one row group (`row_group_rows`) at a time, however big the file: how
+        `compact` merges files.
+        """
+        self._evolve(name)
+        schema = SCHEMAS[name]
+        options = self._parquet_options(schema)
+        group_rows = options.pop("row_group_size")
+        rel = f"part-{int(time.time() * 1000):013d}-{uuid.uuid4().hex}.zstd.parquet"
+        fs, root = self.filesystem()
+        path = f"{root}/{name}/{rel}"
+        tmp = f"{root}/{name}/.{rel}.tmp" if self.is_local else path
+        stats = _stats(schema.empty_table())
+        pending: list[pa.RecordBatch] = []
+
+        def flush(writer: pq.ParquetWriter) -> None:
+            nonlocal stats
+            if pending:
+                group = _cast(pa.Table.from_batches(pending), schema).combine_chunks()
+                writer.write_table(group, row_group_size=group_rows)
+                stats = _merge_stats(stats, _stats(group))
+                pending.clear()
+
+        with fs.open_output_stream(tmp) as out, pq.ParquetWriter(out, schema, **options) as writer:
+            for batch in batches:
+                pending.append(batch)
+                if sum(b.num_rows for b in pending) >= group_rows:
+                    flush(writer)
+            flush(writer)
+        if self.is_local:
+            os.replace(tmp, path)
+        size = fs.get_file_info(path).size
+        return AddAction(rel, size, {}, int(time.time() * 1000), True, json.dumps(stats))
 
     def write_files(self, name: str, data: pa.Table, min_rows_per_file: int = 20_000) -> list[AddAction]:
         """Write `data` as up to one file per core, in parallel threads (pyarrow releases the GIL).
@@ -493,6 +529,18 @@ def _cast(data: pa.Table, schema: pa.Schema) -> pa.Table:
     for name in missing:
         data = data.append_column(name, pa.nulls(data.num_rows, schema.field(name).type))
     return data.select(schema.names).cast(schema)
+
+
+def _merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The Delta statistics of two files' rows together."""
+    merged = {"numRecords": a["numRecords"] + b["numRecords"], "minValues": {}, "maxValues": {}}
+    for key, pick in (("minValues", min), ("maxValues", max)):
+        for col in a[key].keys() | b[key].keys():
+            values = [v for v in (a[key].get(col), b[key].get(col)) if v is not None]
+            merged[key][col] = pick(values)
+    names = a["nullCount"].keys() | b["nullCount"].keys()
+    merged["nullCount"] = {c: a["nullCount"].get(c, 0) + b["nullCount"].get(c, 0) for c in names}
+    return merged
 
 
 def _stats(data: pa.Table) -> dict[str, Any]:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
+import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers import trajlake
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.store.config import LakeConfig
 from trajlake.store.lake import Lake
 
-pytestmark = pytest.mark.integration  # runs the trajlake CLI in processes
 
-
+@pytest.mark.integration  # runs the trajlake CLI in processes
 def test_compact_merges_files_and_keeps_every_row(tmp_path) -> None:
     root = str(tmp_path / "lake")
     for seed in range(3):
@@ -38,9 +44,29 @@ def test_compact_merges_files_and_keeps_every_row(tmp_path) -> None:
     assert size_after <= size_before * 1.05  # compaction keeps the compact layout of token payloads
 
 
+@pytest.mark.integration  # runs the trajlake CLI in processes
 def test_a_short_retention_is_refused_without_the_override(tmp_path) -> None:
     root = str(tmp_path / "lake")
     trajlake("loadgen", "--lake", root, "--trajectories", "5")
     out = trajlake("compact", "--lake", root, "--retention-hours", "1", check=False)
     assert out.returncode == 2
     assert "below the 168h guard" in out.stderr and "--allow-short-retention" in out.stderr
+
+
+@pytest.mark.parametrize("rows_per_batch", [7, 1000])
+def test_a_streamed_file_holds_every_row_in_row_groups_with_the_stats_of_one_write(
+    tmp_path, rows_per_batch: int
+) -> None:
+    """`write_batches` (how compaction merges) writes what `write_file` would, a row group at a time."""
+    lake = Lake(tmp_path / "lake", LakeConfig(row_group_rows=1024))
+    bus = InProcessBus()
+    generate(bus, LoadgenConfig(trajectories=160, seed=2))
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0)
+    events = lake.read("events")
+    assert events.num_rows > 2048
+    streamed = lake.write_batches("events", events.to_batches(max_chunksize=rows_per_batch))
+    whole = lake.write_file("events", events)
+    assert json.loads(streamed.stats) == json.loads(whole.stats)
+    stored = pq.ParquetFile(tmp_path / "lake" / "events" / streamed.path)
+    assert stored.metadata.num_row_groups == -(-events.num_rows // 1024)
+    assert stored.read().equals(pq.read_table(tmp_path / "lake" / "events" / whole.path))
