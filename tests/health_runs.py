@@ -42,7 +42,7 @@ def build_health_lake(root: Path) -> Lake:
     rows = []
     for seed, run_id in enumerate(["healthy", "no-advantages", *PATHOLOGIES]):
         rows += record_run(bus, run_id, seed)
-    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.3)
+    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.0)
     lake.append("trainer_steps", pa.Table.from_pylist(rows, schema=TRAINER_STEPS_SCHEMA))
     return lake
 

@@ -15,6 +15,9 @@ from trajlake.rollout.config import SandboxConfig
 from trajlake.rollout.errors import SandboxError, SandboxTimeout
 from trajlake.rollout.sandbox.base import ExecResult, Sandbox, with_deadline
 
+EXEC_SLACK_S = 2.0
+"""How long past its own limit a Modal exec may take before the local deadline gives up on it."""
+
 
 def _import_modal() -> ModuleType:
     try:
@@ -30,10 +33,15 @@ class ModalSandbox(Sandbox):
     """A Modal sandbox created on construction; `modal_module` lets tests inject a stand-in."""
 
     def __init__(
-        self, config: SandboxConfig | None = None, *, modal_module: ModuleType | Any | None = None
+        self,
+        config: SandboxConfig | None = None,
+        *,
+        modal_module: ModuleType | Any | None = None,
+        exec_slack_s: float = EXEC_SLACK_S,
     ) -> None:
         super().__init__(config or SandboxConfig(type="modal"))
         self.modal = modal_module or _import_modal()
+        self.exec_slack_s = exec_slack_s
         self.terminated = False
         self.sandbox = with_deadline("create", self.config.create_timeout_s, self._create)
 
@@ -69,7 +77,7 @@ class ModalSandbox(Sandbox):
 
         try:
             # a little slack over Modal's own limit, which should fire first and kill the process
-            return with_deadline("exec", timeout + 2.0, run)
+            return with_deadline("exec", timeout + self.exec_slack_s, run)
         except SandboxTimeout:
             return ExecResult(-1, "", f"timed out after {timeout:g}s", True, time.monotonic() - started)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,13 +30,13 @@ def build_lake(root: Path, trajectories: int = 192, trainer: bool = True, run_id
     )  # fmt: skip
     generate(bus, config)
     sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05))
-    sink.run(until_idle_s=0.3)
+    sink.run(until_idle_s=0.0)
     if trainer:
         ids = lake.sql(
             f"select trajectory_id from trajectories where run_id = '{run_id}' order by started_at"
         )
         record_trainer(lake, bus, run_id, ids.column("trajectory_id").to_pylist())
-        sink.run(until_idle_s=0.3)
+        sink.run(until_idle_s=0.0)
     return lake
 
 
@@ -81,7 +82,7 @@ def build_signal_lake(root: Path) -> Lake:
                 ids.append(traj.trajectory_id)
                 advantages.append(reward - mean)  # Dr. GRPO: 0 for every sample of a zero-signal group
         trainer.batch_consumed(step, step + 1, ids, [0] * len(ids), advantages=advantages)
-    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.2)
+    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.0)
     return lake
 
 
@@ -104,7 +105,7 @@ def append_trajectories(lake, n: int, seed: int, run_id: str = RUN_ID) -> None:
         bus,
         LoadgenConfig(trajectories=n, run_id=run_id, turns=2, prompt_tokens=8, output_tokens=4, seed=seed),
     )
-    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.2)
+    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.0)
 
 
 @pytest.fixture(scope="session")
@@ -120,10 +121,10 @@ def bare_lake(tmp_path_factory) -> Lake:
 
 
 @pytest.fixture(scope="session")
-def two_runs_lake(tmp_path_factory) -> Lake:
+def two_runs_lake(tmp_path_factory, dash_lake: Lake) -> Lake:
     """Two runs with trainer tables in one lake (`dash-run`, then the newer, smaller `dash-run-b`)."""
     root = tmp_path_factory.mktemp("two") / "lake"
-    build_lake(root)
+    shutil.copytree(dash_lake.root, root)  # dash_lake's run, then one more: dash_lake stays as it was
     return build_lake(root, trajectories=96, run_id=OTHER_RUN_ID)
 
 

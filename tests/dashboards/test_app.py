@@ -242,7 +242,7 @@ def test_run_selector_lists_every_run_and_switches_between_them(tmp_path, monkey
     for run_id, n in (("older", 8), ("newer", 16)):
         bus = InProcessBus(topic=f"t-{run_id}", partitions=1)
         generate(bus, LoadgenConfig(trajectories=n, run_id=run_id, turns=2, prompt_tokens=8, output_tokens=4))
-        DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.2)
+        DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.0)
     at = render(lake, monkeypatch, "overview")
     assert at.selectbox(key="run").options == ["newer", "older"]
     assert metric(at, "Trajectories") == "16"

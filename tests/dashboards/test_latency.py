@@ -57,7 +57,7 @@ def untimed_lake(tmp_path_factory) -> Lake:
             traj.turn([4] * (i + 1), [-0.2] * (i + 1), 0, input_token_ids=[7])
             traj.reward(1.0)
             traj.finish("completed")
-    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.2)
+    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.0)
     return lake
 
 

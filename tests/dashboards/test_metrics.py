@@ -148,7 +148,7 @@ def test_dead_letters_are_counted_by_reason(tmp_path):
             key="t-junk", value=b"\x00not json", headers={codec.CONTENT_TYPE_HEADER: codec.JSON_CONTENT_TYPE}
         )
     )
-    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.3)
+    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.0)
     reasons = metrics.dead_letter_reasons(lake, "dl-run").to_pylist()
     assert sum(r["n_dead_letters"] for r in reasons) == 2
     recent = metrics.recent_dead_letters(lake, "dl-run").to_pylist()

@@ -123,9 +123,9 @@ class JoiningBus(InProcessBus):
 
 
 def test_waiting_for_the_group_to_assign_partitions_is_not_idle_time(lake) -> None:
-    bus = JoiningBus(join_s=0.6)
+    bus = JoiningBus(join_s=0.3)
     bus.publish(trajectory("t"))
-    stats = DeltaSink(lake, bus).run(until_idle_s=0.3)  # the join alone outlasts the idle limit
+    stats = DeltaSink(lake, bus).run(until_idle_s=0.1)  # the join alone outlasts the idle limit
     assert stats.events == 2 and count(lake) == 2
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from trajlake.rollout.importers.harbor import import_harbor
+from trajlake.store.lake import Lake
 
 P1 = [151644, 8948, 198, 2610, 525]  # the first prompt
 C1 = [40, 1184, 1598, 13]
@@ -108,7 +109,22 @@ def write_trial(
 
 @pytest.fixture
 def job_dir(tmp_path: Path) -> Path:
-    job = tmp_path / "jobs" / "2025-11-01__10-00-00"
+    return write_job(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """A lake with `write_job`'s job imported as `harbor-run`, shared by the tests that only read it."""
+    root = tmp_path_factory.mktemp("harbor")
+    lake = Lake(root / "lake")
+    import_harbor(lake, write_job(root), "harbor-run")
+    yield lake
+    lake.close()
+
+
+def write_job(root: Path) -> Path:
+    """A Harbor job directory under `root`: eight trials, one per outcome the taxonomy tells apart."""
+    job = root / "jobs" / "2025-11-01__10-00-00"
     job.mkdir(parents=True)
     (job / "result.json").write_text(json.dumps({"id": "job", "n_total_trials": 8}))  # the job's own summary
     (job / "config.json").write_text("{}")
@@ -203,9 +219,8 @@ def test_every_trial_becomes_a_trajectory_with_the_recorded_tokens(lake, job_dir
         "rate-limit",
     ],
 )
-def test_outcomes_follow_the_failure_taxonomy(lake, job_dir, trial, status, origin, label, reward):
-    import_harbor(lake, job_dir, "harbor-run")
-    row = trajectories(lake, "harbor-run")[trial]
+def test_outcomes_follow_the_failure_taxonomy(imported, trial, status, origin, label, reward):
+    row = trajectories(imported, "harbor-run")[trial]
     assert (row["status"], row["failure_origin"], row["failure_label"], row["reward"]) == (
         status,
         origin,
@@ -214,9 +229,8 @@ def test_outcomes_follow_the_failure_taxonomy(lake, job_dir, trial, status, orig
     )
 
 
-def test_counts_by_origin_in_sql(lake, job_dir):
-    import_harbor(lake, job_dir, "harbor-run")
-    rows = lake.sql(
+def test_counts_by_origin_in_sql(imported):
+    rows = imported.sql(
         "select coalesce(failure_origin, 'none') as o, count(*) as n from trajectories where run_id = 'harbor-run' group by 1"
     ).to_pylist()
     counts = {r["o"]: r["n"] for r in rows}

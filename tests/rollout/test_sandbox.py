@@ -121,9 +121,8 @@ def fake_modal():
 
 
 def modal_config(**kw) -> SandboxConfig:
-    return SandboxConfig(
-        type="modal", create_timeout_s=0.5, exec_timeout_s=0.5, terminate_timeout_s=0.5, **kw
-    )
+    limits = {"create_timeout_s": 0.5, "exec_timeout_s": 0.5, "terminate_timeout_s": 0.5}
+    return SandboxConfig(type="modal", **{**limits, **kw})
 
 
 def test_modal_sandbox_creates_runs_and_terminates_through_the_modal_api(fake_modal):
@@ -142,13 +141,13 @@ def test_modal_sandbox_creates_runs_and_terminates_through_the_modal_api(fake_mo
 def test_a_hung_modal_call_becomes_a_sandbox_timeout_naming_the_stage(fake_modal, stage):
     fake_modal.hang[stage] = threading.Event()
     with pytest.raises(SandboxTimeout) as info:
-        box = ModalSandbox(modal_config(), modal_module=fake_modal)
+        box = ModalSandbox(modal_config(**{f"{stage}_timeout_s": 0.1}), modal_module=fake_modal)
         box.terminate()
     assert info.value.stage == stage
 
 
 def test_a_hung_modal_exec_returns_a_timed_out_result(fake_modal):
     fake_modal.hang["exec"] = threading.Event()
-    box = ModalSandbox(modal_config(), modal_module=fake_modal)
+    box = ModalSandbox(modal_config(), modal_module=fake_modal, exec_slack_s=0.1)
     result = box.exec("echo hi", timeout_s=0.2)
     assert result.timed_out and not result.ok

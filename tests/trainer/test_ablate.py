@@ -7,7 +7,10 @@ import json
 import pytest
 
 from trajlake.cli import main
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.store.lake import Lake
 from trajlake.trainer.ablate import AblationConfig, run_ablation
 
 SMALL = dict(
@@ -16,11 +19,14 @@ SMALL = dict(
 )  # fmt: skip
 
 
-@pytest.fixture
-def loadgen_run(lake, bus, drain):
+@pytest.fixture(scope="module")
+def loadgen_run(tmp_path_factory):
+    """A small loadgen run, shared by the module's tests (ablations only read the lake)."""
+    lake, bus = Lake(tmp_path_factory.mktemp("ablate") / "lake"), InProcessBus()
     generate(bus, LoadgenConfig(**SMALL))
-    drain()
-    return lake
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    yield lake
+    lake.close()
 
 
 def test_ablate_on_a_loadgen_run_prints_its_table_and_writes_json(loadgen_run, tmp_path, capsys):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 
+from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.recorder import Recorder
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.store.lake import Lake
 from trajlake.store.projections import catch_up
 from trajlake.trainer.config import SamplerConfig, TrainerConfig
 from trajlake.trainer.losses import compute_advantages
@@ -32,6 +36,26 @@ def rollouts(bus, run_id="run-r", groups=4, samples=4, seed=0):
             traj.finish("completed")
 
 
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A lake holding `rollouts()`, recorded once through the bus and the sink."""
+    root = tmp_path_factory.mktemp("recorded") / "lake"
+    lake, bus = Lake(root), InProcessBus()
+    rollouts(bus)
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    lake.close()
+    return root
+
+
+@pytest.fixture
+def lake(recorded, tmp_path):
+    """This test's own copy of the recorded lake (the trainer writes to it)."""
+    shutil.copytree(recorded, tmp_path / "lake")
+    lake = Lake(tmp_path / "lake")
+    yield lake
+    lake.close()
+
+
 @pytest.fixture
 def config(tmp_path):
     return TrainerConfig(
@@ -40,9 +64,7 @@ def config(tmp_path):
     )  # fmt: skip
 
 
-def test_trains_from_the_lake_and_records_every_step(lake, bus, drain, config):
-    rollouts(bus)
-    drain()
+def test_trains_from_the_lake_and_records_every_step(lake, config):
     trainer = ReferenceTrainer(lake, config)
     trainer.setup()
     assert trainer.policy.vocab_size == VOCAB and trainer.version == 0
@@ -85,9 +107,7 @@ def expected_advantages(lake, estimator: str) -> dict[tuple[int, str], float]:
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo"])
-def test_every_consumed_trajectory_keeps_the_advantage_the_step_computed(lake, bus, drain, config, estimator):
-    rollouts(bus)
-    drain()
+def test_every_consumed_trajectory_keeps_the_advantage_the_step_computed(lake, config, estimator):
     trainer = ReferenceTrainer(lake, config.model_copy(update={"advantage": estimator}))
     trainer.setup()
     trainer.train()
@@ -100,9 +120,7 @@ def test_every_consumed_trajectory_keeps_the_advantage_the_step_computed(lake, b
     )
 
 
-def test_a_new_trainer_resumes_from_the_last_checkpoint(lake, bus, drain, config):
-    rollouts(bus)
-    drain()
+def test_a_new_trainer_resumes_from_the_last_checkpoint(lake, config):
     first = ReferenceTrainer(lake, config)
     first.setup()
     first.train(steps=1)
@@ -115,9 +133,7 @@ def test_a_new_trainer_resumes_from_the_last_checkpoint(lake, bus, drain, config
 
 
 @pytest.mark.parametrize("loss", ["ppo", "dppo", "glm5", "tis"])
-def test_repeated_steps_raise_the_likelihood_of_rewarded_samples(lake, bus, drain, config, loss):
-    rollouts(bus)
-    drain()
+def test_repeated_steps_raise_the_likelihood_of_rewarded_samples(lake, config, loss):
     trainer = ReferenceTrainer(lake, config.model_copy(update={"policy_loss": loss, "lr": 0.05}))
     trainer.setup()
     batch = trainer.next_batch()
@@ -137,11 +153,9 @@ def test_repeated_steps_raise_the_likelihood_of_rewarded_samples(lake, bus, drai
     trainer.cleanup()
 
 
-def test_trajlake_train_command_runs_the_reference_trainer(lake, bus, drain, capsys, tmp_path):
+def test_trajlake_train_command_runs_the_reference_trainer(lake, capsys, tmp_path):
     from trajlake.cli import main as cli
 
-    rollouts(bus)
-    drain()
     extra = json.dumps({"sampler": {"groups_per_batch": 1}, "checkpoint_dir": str(tmp_path / "c")})
     assert cli(["train", "--lake", lake.root, "--run", "run-r", "--steps", "2", "--config", extra]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
