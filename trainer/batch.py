@@ -31,7 +31,12 @@ class TrajectorySample:
 
 @dataclass
 class SamplerStats:
-    """What the sampler saw in the run, and what it left out, when it built a batch."""
+    """What the sampler saw in the run, and what it left out, when it built a batch.
+
+    Groups out of reach of the staleness window (every member finished and older than it) are
+    not read row by row: their rows count as finished and as system failures, no reward or
+    stale by what the lake holds, and `taken` counts leases of the groups within reach only.
+    """
 
     finished: int = 0
     unfinished: int = 0

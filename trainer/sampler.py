@@ -52,6 +52,11 @@ SCALAR_COLUMNS = (
     "finished_at",
 )
 TRUNCATED_STATUSES = ("context_exhausted", "max_turns")
+IN_REACH = """select coalesce(nullif(group_id, ''), trajectory_id) from trajectories where run_id = $run
+    and (policy_version_min is null or policy_version_min >= $oldest or not finished)"""
+"""The groups that can still yield a sample at a trainer version: a member fresh enough, not
+finished or without a version. Only their rows are read, so a batch costs what the staleness window
+holds, not the whole run (at 100k trajectories, reading every row took most of a batch)."""
 
 
 @dataclass
@@ -108,13 +113,16 @@ class Sampler:
         """Groups ready to hand out at `trainer_version` (oldest first), and what was left out."""
         cfg = self.config
         now = now or dt.datetime.now(dt.UTC)
+        params = {"run": cfg.run_id, "oldest": trainer_version - cfg.max_staleness}
         rows = self.lake.sql(
-            f"select {', '.join(SCALAR_COLUMNS)} from trajectories where run_id = $run", {"run": cfg.run_id}
+            f"select {', '.join(SCALAR_COLUMNS)} from trajectories where run_id = $run "
+            f"and coalesce(nullif(group_id, ''), trajectory_id) in ({IN_REACH})",
+            params,
         )
+        stats = self._out_of_reach(params)
         taken = self.catalog.unavailable_ids(cfg.run_id) if self.catalog is not None else set()
         cols = {name: rows.column(name).to_pylist() for name in SCALAR_COLUMNS if name != "finished_at"}
         cols["finished_at"] = rows.column("finished_at").cast(pa.int64()).to_pylist()
-        stats = SamplerStats()
         groups: dict[str, _Group] = {}
         blocked: set[str] = set()
         for i, tid in enumerate(cols["trajectory_id"]):
@@ -144,6 +152,25 @@ class Sampler:
         ready.sort(key=lambda g: (g.first_finished_at or now_us, g.group_id))
         stats.ready_groups = len(ready)
         return ready, stats
+
+    def _out_of_reach(self, params: dict[str, Any]) -> SamplerStats:
+        """The counts of the rows `select_groups` does not read: every one finished and too stale."""
+        row = self.lake.sql(
+            f"""select count(*) as finished,
+                       count(*) filter (where failure_origin = 'system') as system_failures,
+                       count(*) filter (where failure_origin is distinct from 'system' and reward is null)
+                         as no_reward
+                from trajectories where run_id = $run
+                  and coalesce(nullif(group_id, ''), trajectory_id) not in ({IN_REACH})""",
+            params,
+        ).to_pylist()[0]
+        stale = row["finished"] - row["system_failures"] - row["no_reward"]
+        return SamplerStats(
+            finished=row["finished"],
+            system_failures=row["system_failures"],
+            no_reward=row["no_reward"],
+            stale=stale,
+        )
 
     def _admit(self, cols: dict[str, list[Any]], i: int, version: int, stats: SamplerStats) -> _Member | None:
         """The trajectory as a group member, or None (counted) if it must not be trained on."""

@@ -54,6 +54,26 @@ def test_whole_groups_oldest_first_up_to_groups_per_batch(lake, catalog, make_ru
     assert batch.prompt_index().tolist() == [0, 0, 1, 1]
 
 
+def test_groups_older_than_the_window_are_counted_as_row_by_row(lake, catalog, make_run, pair, spec):
+    """Old groups are counted in one aggregate (not read): the same counts as reading each row."""
+    old = [
+        *pair("old", version=1),
+        spec("old", reward=None, version=1, status="error", origin="system"),
+        spec("old", reward=None, version=1),
+        *pair("old-b", version=1),
+    ]
+    fresh = [*pair("fresh", version=4), spec("fresh", reward=None, version=4), spec("wip", finished=False)]
+    make_run(old + fresh)
+    chooser = sampler(lake, catalog, max_staleness=2, groups_per_batch=10)
+    ready, stats = chooser.select_groups(trainer_version=4)
+    assert [g.group_id for g in ready] == ["fresh"]
+    assert (stats.finished, stats.unfinished) == (9, 1)
+    assert (stats.system_failures, stats.no_reward, stats.stale) == (1, 2, 4)
+    # the same trajectories at a version that reaches every group: each row read and counted
+    everything = sampler(lake, catalog, max_staleness=10, groups_per_batch=10).select_groups(4)[1]
+    assert (everything.finished, everything.system_failures, everything.no_reward) == (9, 1, 2)
+
+
 def test_system_failures_are_excluded_and_counted(lake, catalog, make_run, pair, spec):
     make_run([*pair("a"), spec("a", reward=None, status="error", origin="system")])
     batch = sampler(lake, catalog).next_batch(0, 0)
