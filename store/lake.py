@@ -219,16 +219,12 @@ class Lake:
         data = _cast(data, SCHEMAS[name])
         if data.num_columns and data.column(0).num_chunks > 1:
             data = data.combine_chunks()  # many small batches write far slower than one
-        rel = f"part-{int(time.time() * 1000):013d}-{uuid.uuid4().hex}.zstd.parquet"
-        fs, root = self.filesystem()
-        path = f"{root}/{name}/{rel}"
-        tmp = f"{root}/{name}/.{rel}.tmp" if self.is_local else path
-        with fs.open_output_stream(tmp) as out:
+
+        def write(out: Any) -> dict[str, Any]:
             pq.write_table(data, out, **self._parquet_options(data.schema))
-        if self.is_local:
-            os.replace(tmp, path)  # a reader never sees a half-written file
-        size = fs.get_file_info(path).size
-        return AddAction(rel, size, {}, int(time.time() * 1000), True, json.dumps(_stats(data)))
+            return _stats(data)
+
+        return self._new_file(name, write)
 
     def write_batches(self, name: str, batches: Iterable[pa.RecordBatch]) -> AddAction:
         """Write a stream of batches as one new Parquet file of `name` (not yet committed).
@@ -240,27 +236,35 @@ class Lake:
         schema = SCHEMAS[name]
         options = self._parquet_options(schema)
         group_rows = options.pop("row_group_size")
+
+        def write(out: Any) -> dict[str, Any]:
+            stats = _stats(schema.empty_table())
+            pending: list[pa.RecordBatch] = []
+            with pq.ParquetWriter(out, schema, **options) as writer:
+                for batch in itertools.chain(batches, [None]):
+                    if batch is not None:
+                        pending.append(batch)
+                    if pending and (batch is None or sum(b.num_rows for b in pending) >= group_rows):
+                        group = _cast(pa.Table.from_batches(pending), schema).combine_chunks()
+                        writer.write_table(group, row_group_size=group_rows)
+                        stats = _merge_stats(stats, _stats(group))
+                        pending.clear()
+            return stats
+
+        return self._new_file(name, write)
+
+    def _new_file(self, name: str, write: Callable[[Any], dict[str, Any]]) -> AddAction:
+        """A new file of `name`, its bytes written by `write(stream)`, which returns its Delta stats.
+
+        Locally the file is written under a temporary name and renamed: a reader never sees a
+        half-written file.
+        """
         rel = f"part-{int(time.time() * 1000):013d}-{uuid.uuid4().hex}.zstd.parquet"
         fs, root = self.filesystem()
         path = f"{root}/{name}/{rel}"
         tmp = f"{root}/{name}/.{rel}.tmp" if self.is_local else path
-        stats = _stats(schema.empty_table())
-        pending: list[pa.RecordBatch] = []
-
-        def flush(writer: pq.ParquetWriter) -> None:
-            nonlocal stats
-            if pending:
-                group = _cast(pa.Table.from_batches(pending), schema).combine_chunks()
-                writer.write_table(group, row_group_size=group_rows)
-                stats = _merge_stats(stats, _stats(group))
-                pending.clear()
-
-        with fs.open_output_stream(tmp) as out, pq.ParquetWriter(out, schema, **options) as writer:
-            for batch in batches:
-                pending.append(batch)
-                if sum(b.num_rows for b in pending) >= group_rows:
-                    flush(writer)
-            flush(writer)
+        with fs.open_output_stream(tmp) as out:
+            stats = write(out)
         if self.is_local:
             os.replace(tmp, path)
         size = fs.get_file_info(path).size
