@@ -95,9 +95,8 @@ def names_tokens(query: str, token_columns: frozenset[str]) -> bool:
             return True
         if kind == duckdb.token_type.operator and text == "*":
             multiplies = i > 0 and (tokens[i - 1][1] in operands or texts[i - 1] == ")")
-            counts = [t.lower() for t in texts[max(i - 2, 0) : i]] == ["count", "("] and texts[
-                i + 1 : i + 2
-            ] == [")"]
+            after = texts[i + 1] if i + 1 < len(texts) else ""
+            counts = [t.lower() for t in texts[max(i - 2, 0) : i]] == ["count", "("] and after == ")"
             if not (multiplies or counts):
                 return True
     return False
