@@ -241,14 +241,20 @@ class Lake:
             stats = _stats(schema.empty_table())
             pending: list[pa.RecordBatch] = []
             with pq.ParquetWriter(out, schema, **options) as writer:
-                for batch in itertools.chain(batches, [None]):
-                    if batch is not None:
-                        pending.append(batch)
-                    if pending and (batch is None or sum(b.num_rows for b in pending) >= group_rows):
-                        group = _cast(pa.Table.from_batches(pending), schema).combine_chunks()
-                        writer.write_table(group, row_group_size=group_rows)
-                        stats = _merge_stats(stats, _stats(group))
-                        pending.clear()
+
+                def flush() -> None:
+                    nonlocal stats
+                    group = _cast(pa.Table.from_batches(pending), schema).combine_chunks()
+                    writer.write_table(group, row_group_size=group_rows)
+                    stats = _merge_stats(stats, _stats(group))
+                    pending.clear()
+
+                for batch in batches:
+                    pending.append(batch)
+                    if sum(b.num_rows for b in pending) >= group_rows:
+                        flush()
+                if pending:
+                    flush()
             return stats
 
         return self._new_file(name, write)

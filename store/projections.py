@@ -402,14 +402,12 @@ def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, i
                     f"to '{spill}/{i}' (format parquet, partition_by (bucket))"
                 )
                 con.unregister("part")
+            empty = scalarize(SCHEMAS_EVENTS.empty_table())
             for bucket in range(buckets):
                 parts = sorted(glob.glob(f"{spill}/*/bucket={bucket}/*.parquet"))
-                events = (
-                    con.sql("select * from read_parquet($parts)", params={"parts": parts}).to_arrow_table()
-                    if parts
-                    else scalarize(SCHEMAS_EVENTS.empty_table())
-                )
-                rows = compute(events.select(scalarize(SCHEMAS_EVENTS.empty_table()).column_names))
+                query = "select * from read_parquet($parts, hive_partitioning = false)"
+                events = con.sql(query, params={"parts": parts}).to_arrow_table() if parts else empty
+                rows = compute(events)
                 for name in names:
                     adds[name] += lake.write_files(name, rows[name]) if rows[name].num_rows else []
                     counts[name] += rows[name].num_rows

@@ -146,9 +146,9 @@ class Sampler:
             if member is not None:
                 group.members.append(member)
         stats.late_members = sum(len(groups[gid].members) for gid in blocked)
-        ready = [g for gid, g in groups.items() if gid not in blocked and self._is_ready(g, now, stats)]
-        ready = [g for g in ready if self._has_signal(g, stats)]
         now_us = _epoch_us(now)
+        ready = [g for gid, g in groups.items() if gid not in blocked and self._is_ready(g, now_us, stats)]
+        ready = [g for g in ready if self._has_signal(g, stats)]
         ready.sort(key=lambda g: (g.first_finished_at or now_us, g.group_id))
         stats.ready_groups = len(ready)
         return ready, stats
@@ -197,14 +197,14 @@ class Sampler:
             cols["trajectory_id"][i], cols["task_id"][i], float(cols["reward"][i]), int(pv_min), overlong
         )
 
-    def _is_ready(self, group: _Group, now: dt.datetime, stats: SamplerStats) -> bool:
+    def _is_ready(self, group: _Group, now_us: int, stats: SamplerStats) -> bool:
         cfg = self.config
         complete = group.finished >= cfg.group_size if cfg.group_size else group.unfinished == 0
         if complete:
             return bool(group.members)
         waited = (
             group.first_finished_at is not None
-            and (_epoch_us(now) - group.first_finished_at) / 1e6 >= cfg.group_wait_s
+            and (now_us - group.first_finished_at) / 1e6 >= cfg.group_wait_s
         )
         if not waited:
             stats.incomplete_groups_waiting += 1
