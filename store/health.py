@@ -219,7 +219,11 @@ def _growth(value: float | None, base: float | None) -> float | None:
 
 
 def entropy_collapse(run: RunFigures) -> Signal:
-    """Entropy falling faster than `entropy_drop_per_step` of the start per step, or below `entropy_floor`."""
+    """Entropy falling faster than `entropy_drop_per_step` of the start per step, or below `entropy_floor`.
+
+    The fall is the least-squares slope over a complete window; the run's last window, while
+    short of `window` steps, is judged on its level only.
+    """
     s = run.settings
     sig = Signal("entropy_collapse", "entropy collapse", STEP,
                  f"falls > {s.entropy_drop_per_step:.0%} of the start per step, or below {s.entropy_floor:.0%} of it")  # fmt: skip
@@ -231,10 +235,14 @@ def entropy_collapse(run: RunFigures) -> Signal:
         sig.status, sig.note = NOT_RECORDED, "no entropy and no sampled logprobs recorded"
         return sig
     base = None
-    for start, pts in _windows(points, s.window):
+    windows = _windows(points, s.window)
+    for start, pts in windows:
         mean = sum(y for _, y in pts) / len(pts)
         base = mean if base is None else base
-        slope = _slope(pts)
+        # The slope of a window still filling (the run's last, short of `window` points) rests on
+        # fewer points than the threshold was set for; it is judged when the window is complete.
+        complete = start != windows[-1][0] or len(pts) == s.window
+        slope = _slope(pts) if complete else None
         drop = -slope / base if slope is not None and base > 0 else None
         level = mean / base if base > 0 else None
         sig.windows.append({"start": start, "points": len(pts), "entropy": mean, "slope": slope,

@@ -12,7 +12,16 @@ from tests.health_runs import ONSET, PATHOLOGIES, STEPS, build_health_lake
 from trajlake.cli import main
 from trajlake.ingest.recorder import Recorder
 from trajlake.store.config import HealthSettings
-from trajlake.store.health import ALERT, NOT_RECORDED, OK, diagnose_health, repetition, unprintable
+from trajlake.store.health import (
+    ALERT,
+    NOT_RECORDED,
+    OK,
+    RunFigures,
+    diagnose_health,
+    entropy_collapse,
+    repetition,
+    unprintable,
+)
 
 WORDS = ["the", "model", "reads", "a", "file", "then", "calls", "tool", "and", "writes", "its", "answer",
          "in", "plain", "words", "for", "user"]  # fmt: skip
@@ -67,6 +76,20 @@ def test_windows_show_the_figures_behind_an_alert(health_lake):
     by_start = {w["start"]: w for w in signal.windows}
     assert by_start[ONSET - 5]["share"] == 0 and by_start[ONSET]["share"] == 1
     assert by_start[ONSET]["repetition"] > 0.5
+
+
+def entropy_signal(entropies: list[float]):
+    """The entropy-collapse signal of a trainer that logged `entropies`, one per step from 0."""
+    trainer = [{"step": step, "entropy": e, "mismatch": None} for step, e in enumerate(entropies)]
+    return entropy_collapse(RunFigures(None, "run", HealthSettings(), None, trainer=trainer))
+
+
+def test_a_steep_fall_in_the_last_unfinished_window_waits_for_the_window():
+    calm = [1.0 - 0.02 * step for step in range(20)]
+    steep = [0.6, 0.45, 0.3]  # 15% of the start per step, but over 3 of the window's 5 steps
+    signal = entropy_signal(calm + steep)
+    assert signal.alert is None and signal.windows[-1]["slope"] is None
+    assert entropy_signal(calm + steep + [0.15, 0.05]).alert.start == 20  # complete: judged
 
 
 @pytest.mark.parametrize(
