@@ -16,15 +16,14 @@ SELECT_SQL = """
 select task_id, count(*) as n_samples, count(distinct group_id) as n_groups,
   avg(reward) as reward_mean, stddev_pop(reward) as reward_std, min(reward) as reward_min, max(reward) as reward_max
 from trajectories
-where run_id = '{run}' and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
+where run_id = $run and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
 group by task_id
-having count(*) >= {min_samples} and stddev_pop(reward) > 0
+having count(*) >= $min_samples and stddev_pop(reward) > 0
 order by abs(avg(reward) - (min(reward) + max(reward)) / 2) asc, reward_std desc, task_id
-limit {n}
+limit $n
 """
 
 
 def select_overfit(lake: Lake, run_id: str, n: int = 32, min_samples: int = 2) -> list[dict[str, Any]]:
     """Up to `n` tasks with non-zero reward variance, most balanced (mean nearest mid-range) first."""
-    query = SELECT_SQL.format(run=run_id.replace("'", "''"), min_samples=int(min_samples), n=int(n))
-    return lake.sql(query).to_pylist()
+    return lake.sql(SELECT_SQL, {"run": run_id, "min_samples": int(min_samples), "n": int(n)}).to_pylist()

@@ -29,15 +29,16 @@ def run_demo_cli(tmp_path: Path, run_id: str, *args: str) -> tuple[int, dict, La
 def reward_by_version(lake: Lake, run_id: str) -> list[float]:
     """Mean scored reward per policy version, read straight from the lake."""
     rows = lake.sql(
-        f"""select policy_version_min as v, avg(reward) as r from trajectories
-            where run_id = '{run_id}' and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
-            group by v order by v"""
+        """select policy_version_min as v, avg(reward) as r from trajectories
+            where run_id = $run and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
+            group by v order by v""",
+        {"run": run_id},
     )
     return rows.column("r").to_pylist()
 
 
 def rows_of_run(lake: Lake, table: str, run_id: str) -> int:
-    return lake.sql(f"select count(*) from {table} where run_id = '{run_id}'").column(0)[0].as_py()
+    return lake.sql(f"select count(*) from {table} where run_id = $run", {"run": run_id}).column(0)[0].as_py()
 
 
 @pytest.fixture(scope="module")
