@@ -20,7 +20,8 @@ process (so its peak RSS is the step's own), it measures:
                           first starts from a compacted lake, as a run compacted now and then)
   peak_rss_mb             peak RSS of the step's process (growth and every measurement)
   events_commits, files, lake_bytes_per_token   Delta commits of `events`, data files of every
-                          table and bytes of the whole lake directory per token, as ingest left them
+                          table and the live bytes of every table (data files and Delta log) per
+                          token, as ingest left them
 The table prints every figure at every size and its growth factor (largest size / smallest).
 At the top size the long shape (~10k-token trajectories) is built and measured too.
 
@@ -221,8 +222,12 @@ def unchanged(root: Path, before: dict[str, Any], what: str) -> None:
         raise RuntimeError(f"{what} changed the run's aggregates: {before} -> {after}")
 
 
-def dir_bytes(root: Path) -> int:
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+def live_bytes(lake: Any, tables: tuple[str, ...]) -> int:
+    """Bytes a reader of the lake sees: each table's current data files and its Delta log (files
+    that an earlier step's compaction replaced, and no vacuum removed yet, are not counted)."""
+    data = sum(Path(uri).stat().st_size for name in tables for uri in lake.files(name))
+    logs = [Path(lake.root) / name / "_delta_log" for name in tables]
+    return data + sum(f.stat().st_size for log in logs if log.exists() for f in log.iterdir() if f.is_file())
 
 
 def step(root: Path, target_tokens: float, shape: str, workdir: Path) -> dict[str, float]:
@@ -253,8 +258,8 @@ def step(root: Path, target_tokens: float, shape: str, workdir: Path) -> dict[st
     # the layout as ingest left it (rebuild and compact below rewrite it)
     fig["events_commits"] = lake.version("events") + 1
     fig["files"] = sum(len(lake.files(name)) for name in TABLES if lake.exists(name))
+    fig["lake_bytes_per_token"] = live_bytes(lake, TABLES) / state["tokens"]
     lake.close()
-    fig["lake_bytes_per_token"] = dir_bytes(root) / state["tokens"]
 
     fig["point_lookup_cold_s"], fig["point_lookup_warm_s"] = point_lookups(root, oldest)
     lake = Lake(root)
@@ -285,7 +290,7 @@ def step(root: Path, target_tokens: float, shape: str, workdir: Path) -> dict[st
 def run_step(root: Path, target: float, shape: str, workdir: Path) -> dict[str, float]:
     """`step` in a fresh process: its peak RSS is the step's own. Its log (AppTest outside a server
     warns on every render) is printed only when it fails."""
-    out = workdir / f"step-{shape}-{target:.0e}.json"
+    out = root.parent / f"{root.name}-{target:.0e}.json"  # kept next to the lake: a later step may fail
     cmd = [sys.executable, __file__, "--step", "--lake", str(root), "--target", str(target), "--shape", shape,
            "--json", str(out), "--workdir", str(workdir)]  # fmt: skip
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
