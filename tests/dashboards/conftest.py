@@ -33,7 +33,7 @@ def build_lake(root: Path, trajectories: int = 192, trainer: bool = True, run_id
     sink.run(until_idle_s=0.0)
     if trainer:
         ids = lake.sql(
-            f"select trajectory_id from trajectories where run_id = '{run_id}' order by started_at"
+            "select trajectory_id from trajectories where run_id = $run order by started_at", {"run": run_id}
         )
         record_trainer(lake, bus, run_id, ids.column("trajectory_id").to_pylist())
         sink.run(until_idle_s=0.0)

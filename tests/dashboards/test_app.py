@@ -66,10 +66,11 @@ def test_every_page_renders_its_charts_without_an_exception(dash_lake, monkeypat
 def test_overview_shows_reward_and_pass_at_1_that_match_sql(dash_lake, monkeypatch):
     at = render(dash_lake, monkeypatch, "overview")
     scored = dash_lake.sql(
-        f"""select policy_version_min as v, task_id, count(*) as n, count(*) filter (where reward >= 1) as c,
+        """select policy_version_min as v, task_id, count(*) as n, count(*) filter (where reward >= 1) as c,
                    sum(reward) as total from trajectories
-            where run_id = '{RUN}' and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
-            group by all"""
+            where run_id = $run and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
+            group by all""",
+        {"run": RUN},
     ).to_pylist()
     shown = at.dataframe[0].value.set_index("policy_version")
     for v in sorted({r["v"] for r in scored}):
@@ -79,7 +80,9 @@ def test_overview_shows_reward_and_pass_at_1_that_match_sql(dash_lake, monkeypat
             sum(r["total"] for r in tasks) / sum(r["n"] for r in tasks)
         )
     n_all = (
-        dash_lake.sql(f"select count(*) as n from trajectories where run_id = '{RUN}'").column("n")[0].as_py()
+        dash_lake.sql("select count(*) as n from trajectories where run_id = $run", {"run": RUN})
+        .column("n")[0]
+        .as_py()
     )
     assert metric(at, "Trajectories") == f"{n_all:,}"
     assert "pass@k (unbiased estimator, averaged over tasks)" in chart_titles(at)
@@ -89,8 +92,9 @@ def test_overview_shows_reward_and_pass_at_1_that_match_sql(dash_lake, monkeypat
 def test_entropy_page_shows_the_rollout_estimate_from_the_token_logprobs(dash_lake, monkeypatch):
     at = render(dash_lake, monkeypatch, "entropy")
     from_tokens = dash_lake.sql(
-        f"""select policy_version, -sum(list_sum(output_logprobs)) / sum(len(output_token_ids)) as h
-            from turns where run_id = '{RUN}' group by 1 order by 1"""
+        """select policy_version, -sum(list_sum(output_logprobs)) / sum(len(output_token_ids)) as h
+            from turns where run_id = $run group by 1 order by 1""",
+        {"run": RUN},
     ).to_pylist()
     shown = at.dataframe[0].value
     assert list(shown["policy_version"]) == [r["policy_version"] for r in from_tokens]
@@ -101,17 +105,19 @@ def test_entropy_page_shows_the_rollout_estimate_from_the_token_logprobs(dash_la
 def test_behaviour_page_figures_match_sql(dash_lake, monkeypatch):
     at = render(dash_lake, monkeypatch, "behaviour")
     latest = dash_lake.sql(
-        f"""select avg(n_turns) as turns, sum(n_code_exec) / sum(n_tool_calls) as code,
+        """select avg(n_turns) as turns, sum(n_code_exec) / sum(n_tool_calls) as code,
                    1 - sum(n_tool_errors) / sum(n_tool_calls) as ok
-            from trajectories where run_id = '{RUN}' and finished
-              and policy_version_min = (select max(policy_version_min) from trajectories)"""
+            from trajectories where run_id = $run and finished
+              and policy_version_min = (select max(policy_version_min) from trajectories)""",
+        {"run": RUN},
     ).to_pylist()[0]
     assert metric(at, "Turns / trajectory") == f"{latest['turns']:.2f}"
     assert metric(at, "Code-execution ratio") == f"{latest['code']:.3f}"
     assert metric(at, "Tool success rate") == f"{latest['ok']:.3f}"
     per_tool = dash_lake.sql(
-        f"""select tool_name, avg(ok::int) as rate from tool_calls
-            where run_id = '{RUN}' and has_result group by 1"""
+        """select tool_name, avg(ok::int) as rate from tool_calls
+            where run_id = $run and has_result group by 1""",
+        {"run": RUN},
     ).to_pylist()
     shown = at.dataframe[0].value.set_index("tool_name")
     for row in per_tool:
@@ -180,7 +186,9 @@ def test_trajectory_browser_opens_one_with_shaded_tokens(dash_lake, monkeypatch)
     chosen = listed["trajectory_id"].iloc[0]
     at.selectbox(key="browser_open").set_value(chosen).run()
     n_tokens = (
-        dash_lake.sql(f"select len(token_ids) as n from trajectories where trajectory_id = '{chosen}'")
+        dash_lake.sql(
+            "select len(token_ids) as n from trajectories where trajectory_id = $id", {"id": chosen}
+        )
         .column("n")[0]
         .as_py()
     )
@@ -193,7 +201,7 @@ def test_sql_console_runs_read_only_queries_and_refuses_writes(dash_lake, monkey
     at = render(dash_lake, monkeypatch, "sql")
     assert (
         at.dataframe[0].value["trajectories"].sum()
-        == dash_lake.sql(f"select count(*) as n from trajectories where run_id = '{RUN}'")
+        == dash_lake.sql("select count(*) as n from trajectories where run_id = $run", {"run": RUN})
         .column("n")[0]
         .as_py()
     )
@@ -215,7 +223,7 @@ def test_trajectory_browser_decodes_tokens_with_a_configured_tokenizer(dash_lake
     assert not at.exception
     chosen = at.selectbox(key="browser_open").value
     first = (
-        dash_lake.sql(f"select token_ids[1] as t from trajectories where trajectory_id = '{chosen}'")
+        dash_lake.sql("select token_ids[1] as t from trajectories where trajectory_id = $id", {"id": chosen})
         .column("t")[0]
         .as_py()
     )

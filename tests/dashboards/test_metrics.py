@@ -25,7 +25,8 @@ def test_version_range_limits_every_figure_to_those_versions(dash_lake):
     assert behaviour.column("n_trajectories").to_pylist() == overview.column("n_trajectories").to_pylist()
     n_in_range = (
         dash_lake.sql(
-            f"select count(*) as n from trajectories where run_id = '{RUN}' and finished and policy_version_min in (1, 2)"
+            "select count(*) as n from trajectories where run_id = $run and finished and policy_version_min in (1, 2)",
+            {"run": RUN},
         )
         .column("n")[0]
         .as_py()
@@ -40,9 +41,10 @@ def test_pass_at_k_curve_averages_each_k_over_tasks_with_at_least_k_samples(dash
     curve = metrics.pass_at_k_curve(dash_lake, RUN).to_pylist()
     assert [r["k"] for r in curve] == list(range(1, 17))
     per_task = dash_lake.sql(
-        f"""select task_id, count(*) as n, count(*) filter (where reward >= 1) as c from trajectories
-            where run_id = '{RUN}' and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
-            group by 1"""
+        """select task_id, count(*) as n, count(*) filter (where reward >= 1) as c from trajectories
+            where run_id = $run and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
+            group by 1""",
+        {"run": RUN},
     ).to_pylist()
     for row in curve:
         tasks = [(t["n"], t["c"]) for t in per_task if t["n"] >= row["k"]]
@@ -57,7 +59,8 @@ def test_system_failures_are_never_scored_as_reward_zero(dash_lake):
     scored = metrics.overview_by_version(dash_lake, RUN).to_pylist()
     systems = (
         dash_lake.sql(
-            f"select count(*) as n from trajectories where run_id = '{RUN}' and failure_origin = 'system'"
+            "select count(*) as n from trajectories where run_id = $run and failure_origin = 'system'",
+            {"run": RUN},
         )
         .column("n")[0]
         .as_py()
@@ -69,14 +72,18 @@ def test_system_failures_are_never_scored_as_reward_zero(dash_lake):
 def test_ingest_lag_covers_every_event_of_the_run(dash_lake):
     lag = metrics.ingest_lag(dash_lake, RUN).to_pylist()
     n_events = (
-        dash_lake.sql(f"select count(*) as n from events where run_id = '{RUN}'").column("n")[0].as_py()
+        dash_lake.sql("select count(*) as n from events where run_id = $run", {"run": RUN})
+        .column("n")[0]
+        .as_py()
     )
     assert sum(r["n_events"] for r in lag) == n_events
     assert all(0 <= r["lag_p50_s"] <= r["lag_p95_s"] <= r["lag_max_s"] < 600 for r in lag)
 
 
 def test_buffer_composition_counts_each_arrival_and_each_consumed_trajectory_once(dash_lake):
-    finished = dash_lake.sql(f"select count(*) as n from trajectories where run_id = '{RUN}' and finished")
+    finished = dash_lake.sql(
+        "select count(*) as n from trajectories where run_id = $run and finished", {"run": RUN}
+    )
     for by in ("difficulty", "length"):
         arrivals = metrics.buffer_composition(dash_lake, RUN, by, "arrivals")
         assert sum(arrivals.column("n_trajectories").to_pylist()) == finished.column("n")[0].as_py()
@@ -111,7 +118,7 @@ def test_browser_turns_hold_the_tokens_of_the_trajectory_view(dash_lake):
     tid = metrics.find_trajectories(dash_lake, RUN, limit=1).column("trajectory_id")[0].as_py()
     turns = metrics.trajectory_turns(dash_lake, RUN, tid).to_pylist()
     whole = (
-        dash_lake.sql(f"select token_ids from trajectories where trajectory_id = '{tid}'")
+        dash_lake.sql("select token_ids from trajectories where trajectory_id = $id", {"id": tid})
         .column(0)[0]
         .as_py()
     )

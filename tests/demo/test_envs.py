@@ -41,7 +41,9 @@ def play(bus, task, policy, **config) -> object:
 
 
 def stored(lake, trajectory_id):
-    return lake.sql(f"select * from trajectories where trajectory_id = '{trajectory_id}'").to_pylist()[0]
+    return lake.sql(
+        "select * from trajectories where trajectory_id = $id", {"id": trajectory_id}
+    ).to_pylist()[0]
 
 
 @pytest.mark.parametrize(
@@ -71,7 +73,8 @@ def test_a_wrong_tool_is_a_model_mistake_it_can_recover_from(lake, bus, drain):
     drain()
     assert stored(lake, result.trajectory_id)["reward"] == 1.0
     calls = lake.sql(
-        f"select tool_name, ok, error_type from tool_calls where trajectory_id = '{result.trajectory_id}' order by call_seq"
+        "select tool_name, ok, error_type from tool_calls where trajectory_id = $id order by call_seq",
+        {"id": result.trajectory_id},
     ).to_pylist()
     assert calls == [
         {"tool_name": "calc", "ok": False, "error_type": "malformed_call"},

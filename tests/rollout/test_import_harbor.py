@@ -174,7 +174,8 @@ def trajectories(lake, run):
         for r in lake.sql(
             "select json_extract_string(e.attributes, '$.trial_name') as trial, t.* "
             "from trajectories t join events e on e.trajectory_id = t.trajectory_id and e.event_type = 'trajectory_started' "
-            f"where t.run_id = '{run}'"
+            "where t.run_id = $run",
+            {"run": run},
         ).to_pylist()
     }
 

@@ -42,7 +42,8 @@ def generator_output(with_ids=True):
 def rows(lake, run):
     return lake.sql(
         "select task_id, group_id, sample_index, token_ids, logprobs, loss_mask, n_turns, assistant_tokens, env_tokens, "
-        f"reward, status, failure_origin from trajectories where run_id = '{run}' order by task_id, sample_index"
+        "reward, status, failure_origin from trajectories where run_id = $run order by task_id, sample_index",
+        {"run": run},
     ).to_pylist()
 
 

@@ -68,7 +68,8 @@ def test_retokenised_history_is_flagged_as_tito_drift(lake, bus, drain, lossy_to
     assert rows[drifted]["tito_drift"] is True and rows[drifted]["n_drift_turns"] == 1
     flagged = (
         lake.sql(
-            f"select turn_index from turns where trajectory_id = '{drifted}' and tito_drift order by turn_index"
+            "select turn_index from turns where trajectory_id = $id and tito_drift order by turn_index",
+            {"id": drifted},
         )
         .column("turn_index")
         .to_pylist()
