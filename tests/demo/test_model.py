@@ -21,13 +21,6 @@ from trajlake.demo.model import (
 )
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    target = tmp_path_factory.mktemp("model") / "tiny"
-    assert main(["model", "init", str(target), "--vocab-size", "400", "--seed", "3"]) == 0
-    return target
-
-
 def test_model_init_writes_a_qwen2_model_with_a_chat_tokenizer(model_dir):
     config = AutoConfig.from_pretrained(str(model_dir))
     assert config.architectures == ["Qwen2ForCausalLM"]

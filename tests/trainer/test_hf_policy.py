@@ -7,15 +7,7 @@ import math
 import pytest
 import torch
 
-from trajlake.demo.model import init_model
 from trajlake.trainer.hf_policy import HFPolicy
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    target = tmp_path_factory.mktemp("hf") / "model"
-    init_model(target)
-    return target
 
 
 def test_logprobs_are_the_models_own_and_padding_changes_nothing(model_dir):
