@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,8 @@ from trajlake.store.errors import CommitConflict, LakeError, TxnFenced
 
 TABLES = ("events", *TABLE_SCHEMAS)
 SCHEMAS: dict[str, pa.Schema] = {"events": EVENTS_SCHEMA, **TABLE_SCHEMAS}
-STATS_COLUMNS = ("run_id", "trajectory_id", "seq", "event_type", "step")
-"""Columns whose min/max go into the Delta log, so readers can skip files."""
+STATS_COLUMNS = ("run_id", "trajectory_id", "seq", "event_type", "step", "event_time")
+"""Columns whose min/max go into the Delta log, so readers can skip files (`files_within`)."""
 
 COMMIT_RETRIES = 20
 EVOLVED_APP_ID = "trajlake-schema"
@@ -76,6 +77,8 @@ class Lake:
         self.config = config or LakeConfig()
         self.storage_options = dict(storage_options or _storage_options_from_env())
         self._tables: dict[str, DeltaTable] = {}
+        self._file_stats: dict[str, tuple[int, pa.Table, dict[str, str]]] = {}
+        """name -> (version, its add actions with flattened statistics, file name -> URI)."""
         self._evolved: set[str] = set()  # tables whose stored schema has every column of SCHEMAS
         self._lock = threading.RLock()
         self._sql: Any = None
@@ -211,6 +214,33 @@ class Lake:
         if not self.exists(name):
             return []
         return list(self.delta(name).file_uris())
+
+    def files_within(self, name: str, column: str, lo: Any, hi: Any) -> list[str]:
+        """Paths of the current files of `name` that may hold a `column` value in [lo, hi].
+
+        Decided from the min/max statistics in the Delta log (a file without them is kept), so
+        a point or range read opens only those files, not the footer of every file: time-ordered
+        ids (UUIDv7) and event times put each value in one or two of a long run's files.
+        """
+        if not self.exists(name):
+            return []
+        table = self.delta(name)
+        with self._lock:
+            cached = self._file_stats.get(name)
+            if cached is None or cached[0] != table.version():
+                uris = {uri.rsplit("/", 1)[1]: uri for uri in table.file_uris()}
+                cached = (table.version(), pa.table(table.get_add_actions(flatten=True)), uris)
+                self._file_stats[name] = cached
+        _, actions, uris = cached
+        low, high = f"min.{column}", f"max.{column}"
+        if not actions.num_rows or low not in actions.column_names:
+            return list(uris.values())
+        lows, highs = actions.column(low), actions.column(high)
+        may_hold = pc.and_kleene(
+            pc.less_equal(lows, pa.scalar(hi, lows.type)), pc.greater_equal(highs, pa.scalar(lo, highs.type))
+        )
+        paths = actions.column("path").filter(pc.fill_null(may_hold, True)).to_pylist()
+        return [uris[path.rsplit("/", 1)[-1]] for path in paths]
 
     # -- writes --------------------------------------------------------------------------
     def write_file(self, name: str, data: pa.Table) -> AddAction:
@@ -458,6 +488,7 @@ class Lake:
         columns: Sequence[str] | None = None,
         where: str | None = None,
         params: Sequence[Any] | Mapping[str, Any] | None = None,
+        within: tuple[str, Any, Any] | None = None,
     ) -> pa.Table:
         """Rows of a stored table (no views), optionally projected and filtered with SQL.
 
@@ -466,10 +497,19 @@ class Lake:
             columns: columns to read (all if None).
             where: a SQL condition; values go in `params` (`?` or `$name`), never into the text.
             params: DuckDB parameters of `where`.
+            within: (column, lo, hi): read only the files that may hold a `column` value in
+                [lo, hi] (`files_within`); `where` must still filter the rows.
         """
         from trajlake.store.sql import read_files
 
-        return read_files(self, name, columns, where, params)
+        files = self.files_within(name, *within) if within else None
+        return read_files(self, name, columns, where, params, files)
+
+    def trajectory(self, trajectory_id: str, run_id: str | None = None) -> pa.Table:
+        """One trajectory with its token lists, from only the files that may hold it (`read_trajectory`)."""
+        from trajlake.store.sql import read_trajectory
+
+        return read_trajectory(self, trajectory_id, run_id)
 
     def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
         """Run one read-only SQL query over every table, with DuckDB `params`; return Arrow."""
@@ -568,6 +608,14 @@ def _stats(data: pa.Table) -> dict[str, Any]:
         nulls[name] = col.null_count
         if data.num_rows and col.null_count < data.num_rows:
             mm = pc.min_max(col)
-            lo[name], hi[name] = mm["min"].as_py(), mm["max"].as_py()
+            lo[name], hi[name] = _stat_value(mm["min"].as_py()), _stat_value(mm["max"].as_py())
     stats.update(minValues=lo, maxValues=hi, nullCount=nulls)
     return stats
+
+
+def _stat_value(value: Any) -> Any:
+    """A min/max as the Delta log stores it: timestamps as ISO-8601 UTC strings, to the microsecond
+    (one fixed width, so `_merge_stats` compares them as strings)."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return value

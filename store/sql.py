@@ -143,22 +143,24 @@ def register_tables(
     names: Sequence[str],
     datasets: dict[str, Any] | None = None,
     temp: bool = False,
+    files: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
     """(Re)create a raw `_t_<name>` view per table over its current files.
 
     On object storage the files are read through a pyarrow dataset registered as `_d_<name>`;
     registered objects belong to one connection, so they are also kept in `datasets` for
     cursors to register again. With `temp`, the views are the connection's own (a
-    `connection()` shares its database with others); without, its cursors see them.
+    `connection()` shares its database with others); without, its cursors see them. `files`
+    narrows a table's view to some of its current files (`Lake.files_within`).
     """
     view = "temp view" if temp else "view"
     for name in names:
-        files = lake.files(name)
-        if not lake.is_local and files:
+        files_of = list(files[name]) if files and name in files else lake.files(name)
+        if not lake.is_local and files_of:
             import pyarrow.dataset as ds
 
             fs, _ = lake.filesystem()
-            paths = [f.split("://", 1)[1] for f in files]
+            paths = [f.split("://", 1)[1] for f in files_of]
             from trajlake.store.lake import SCHEMAS
 
             # the full schema: files older than a column read it as null
@@ -167,9 +169,9 @@ def register_tables(
             if datasets is not None:
                 datasets[f"_d_{name}"] = dataset
             con.execute(f"create or replace {view} _t_{name} as select * from _d_{name}")
-        elif files:
+        elif files_of:
             con.execute(
-                f"create or replace {view} _t_{name} as {_select_files(con, lake, name, files, temp)}"
+                f"create or replace {view} _t_{name} as {_select_files(con, lake, name, files_of, temp)}"
             )
         else:
             from trajlake.store.lake import SCHEMAS
@@ -215,15 +217,47 @@ def _select_files(
 
 
 def read_files(
-    lake: Lake, name: str, columns: Sequence[str] | None, where: str | None, params: Params = None
+    lake: Lake,
+    name: str,
+    columns: Sequence[str] | None,
+    where: str | None,
+    params: Params = None,
+    files: Sequence[str] | None = None,
 ) -> pa.Table:
-    """Internal read of one stored table (trusted SQL: no read-only guard); values go in `params`."""
+    """Internal read of one stored table, or of some of its `files` (trusted SQL: no read-only
+    guard); values go in `params`."""
     con = connection()
     try:
-        register_tables(con, lake, [name], temp=True)
+        register_tables(con, lake, [name], temp=True, files=None if files is None else {name: files})
         cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
         query = f"select {cols} from _t_{name}" + (f" where {where}" if where else "")
         return con.sql(query, params=params).to_arrow_table()
+    finally:
+        con.close()
+
+
+def read_trajectory(lake: Lake, trajectory_id: str, run_id: str | None = None) -> pa.Table:
+    """One trajectory as the `trajectories` view gives it (its scalars, `token_ids`, `logprobs`,
+    `loss_mask`), read from only the files whose Delta statistics may hold its id.
+
+    The point lookup that stays flat as a run piles up files: the view itself checks every
+    file's footer. Zero rows if the id is not in the lake; one per run that has it, unless
+    `run_id` is given.
+    """
+    con = connection()
+    try:
+        names = ("trajectories", "events")
+        files = {
+            name: lake.files_within(name, "trajectory_id", trajectory_id, trajectory_id) for name in names
+        }
+        register_tables(con, lake, names, temp=True, files=files)
+        con.execute("create or replace temp view _trajectory_tokens as " + TRAJECTORY_TOKENS_SQL)
+        where, params = "trajectory_id = $id", {"id": trajectory_id}
+        if run_id is not None:
+            where, params = where + " and run_id = $run", params | {"run": run_id}
+        return con.sql(
+            f"select * from ({VIEWS['trajectories']}) where {where}", params=params
+        ).to_arrow_table()
     finally:
         con.close()
 

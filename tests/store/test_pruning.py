@@ -1,0 +1,81 @@
+"""Reads that open only the files that may hold what they look for, by the Delta log's statistics:
+one trajectory by id (`Lake.trajectory`) and a span of event times (`Lake.read(within=...)`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from trajlake.ingest.bus.inprocess import InProcessBus
+from trajlake.ingest.sink import DeltaSink, SinkConfig
+from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.store.lake import Lake
+
+RUN = "prune"
+COMMITS = 6
+
+
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory):
+    """One run committed in COMMITS sink runs (so every table has COMMITS files), plus a second
+    run that reuses none of its ids (shared, read-only)."""
+    lake, bus = Lake(tmp_path_factory.mktemp("prune") / "lake"), InProcessBus()
+    for i in range(COMMITS):
+        generate(bus, LoadgenConfig(trajectories=6, seed=i, run_id=RUN, first_group=i * 100))
+        DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    generate(bus, LoadgenConfig(trajectories=4, seed=99, run_id="other"))
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    yield lake
+    lake.close()
+
+
+def ids(lake: Lake) -> list[str]:
+    return (
+        lake.sql(
+            "select trajectory_id from trajectories where run_id = $run order by started_at", {"run": RUN}
+        )
+        .column(0)
+        .to_pylist()
+    )
+
+
+def test_a_trajectory_is_read_from_the_files_that_hold_it_and_equals_the_view(many_files):
+    assert len(many_files.files("events")) > COMMITS
+    for tid in ids(many_files)[:: len(ids(many_files)) // 5]:
+        assert len(many_files.files_within("events", "trajectory_id", tid, tid)) == 1
+        assert len(many_files.files_within("trajectories", "trajectory_id", tid, tid)) == 1
+        looked_up = many_files.trajectory(tid)
+        viewed = many_files.sql("select * from trajectories where trajectory_id = $id", {"id": tid})
+        assert looked_up.num_rows == 1
+        assert looked_up.to_pylist() == viewed.to_pylist()  # every scalar and the token lists
+
+
+def test_an_unknown_id_reads_no_file_and_finds_nothing(many_files):
+    assert many_files.files_within("events", "trajectory_id", "zzzz", "zzzz") == []
+    assert many_files.trajectory("zzzz").num_rows == 0
+
+
+def test_run_id_picks_the_run_of_an_id(many_files):
+    tid = ids(many_files)[0]
+    assert many_files.trajectory(tid, run_id=RUN).num_rows == 1
+    assert many_files.trajectory(tid, run_id="other").num_rows == 0
+
+
+def test_event_times_are_in_the_delta_log_so_a_span_reads_its_own_files(many_files):
+    times = many_files.sql(
+        "select trajectory_id, min(event_time) as lo, max(event_time) as hi from events "
+        "where run_id = $run and trajectory_id is not null group by 1 order by lo",
+        {"run": RUN},
+    ).to_pylist()
+    first, last = times[0], times[-1]
+    early = many_files.files_within("events", "event_time", first["lo"], first["hi"])
+    late = many_files.files_within("events", "event_time", last["lo"], last["hi"])
+    assert early and late and not set(early) & set(late)
+    rows = many_files.read(
+        "events", ["trajectory_id"], "event_time between $lo and $hi", {"lo": last["lo"], "hi": last["hi"]},
+        within=("event_time", last["lo"], last["hi"]),
+    )  # fmt: skip
+    assert last["trajectory_id"] in rows.column(0).to_pylist()
+    after = last["hi"] + timedelta(days=1)
+    assert many_files.files_within("events", "event_time", after, after) == []
