@@ -7,9 +7,11 @@ process (so its peak RSS is the step's own), it measures:
   ingest_tokens_per_s     the growth step's sink throughput (generating the events is untimed)
   catch_up_s              projections catching up on a fixed batch of 1,000 new trajectories
                           committed with projections off (what a lagging projector does)
-  point_lookup_cold_s     one trajectory's token_ids, logprobs and loss_mask by trajectory_id, on
-                          a fresh Lake (its DuckDB engine and Delta snapshots opened by the query)
+  point_lookup_cold_s     one trajectory with its token_ids, logprobs and loss_mask by trajectory_id
+                          (`Lake.trajectory`: only the files whose Delta statistics may hold it), on
+                          a fresh Lake (its Delta snapshots opened by the lookup)
   point_lookup_warm_s     the same lookup again (median of 3)
+  point_lookup_sql_s      the same through the `trajectories` SQL view, warm (median of 3)
   sql_<name>_s            five aggregates users run; slowest_sql_s is the largest
   page_<name>_s           every dashboard page rendered by Streamlit's AppTest, caches cleared;
                           slowest_page_s is the largest; metrics_s is `trajlake metrics --format json`
@@ -148,18 +150,23 @@ def timed(fn: Any) -> float:
     return time.perf_counter() - started
 
 
-def point_lookups(root: Path, trajectory_id: str) -> tuple[float, float]:
+def point_lookups(root: Path, trajectory_id: str) -> tuple[float, float, float]:
+    """`Lake.trajectory` cold (a fresh Lake) and warm, and the same lookup through the SQL view (warm)."""
     from trajlake.store.lake import Lake
 
     query = "select token_ids, logprobs, loss_mask from trajectories where trajectory_id = $id"
     lake = Lake(root)
     found: list[Any] = []
-    cold = timed(lambda: found.append(lake.sql(query, {"id": trajectory_id})))
+    cold = timed(lambda: found.append(lake.trajectory(trajectory_id)))
     if found[0].num_rows != 1:
         raise RuntimeError(f"point lookup of {trajectory_id} found {found[0].num_rows} rows")
-    warm = statistics.median(timed(lambda: lake.sql(query, {"id": trajectory_id})) for _ in range(3))
+    warm = statistics.median(timed(lambda: lake.trajectory(trajectory_id)) for _ in range(3))
+    via_view = lake.sql(query, {"id": trajectory_id})
+    if via_view.column("token_ids").to_pylist() != found[0].column("token_ids").to_pylist():
+        raise RuntimeError(f"the SQL view and Lake.trajectory disagree on {trajectory_id}'s tokens")
+    sql_warm = statistics.median(timed(lambda: lake.sql(query, {"id": trajectory_id})) for _ in range(3))
     lake.close()
-    return cold, warm
+    return cold, warm, sql_warm
 
 
 def sampler_figures(root: Path, workdir: Path, latest_version: int) -> tuple[float, float]:
@@ -261,7 +268,9 @@ def step(root: Path, target_tokens: float, shape: str, workdir: Path) -> dict[st
     fig["lake_bytes_per_token"] = live_bytes(lake, TABLES) / state["tokens"]
     lake.close()
 
-    fig["point_lookup_cold_s"], fig["point_lookup_warm_s"] = point_lookups(root, oldest)
+    fig["point_lookup_cold_s"], fig["point_lookup_warm_s"], fig["point_lookup_sql_s"] = point_lookups(
+        root, oldest
+    )
     lake = Lake(root)
     lake.query_engine()
     for name, query in SQL.items():
