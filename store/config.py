@@ -23,7 +23,12 @@ class LakeConfig(BaseModel):
     compression_level: int = Field(
         1, ge=1, le=22, description="zstd level; 1 is as small as 3 here and twice as fast."
     )
-    row_group_rows: int = Field(128 * 1024, ge=1024, description="Rows per Parquet row group.")
+    row_group_rows: int = Field(
+        16 * 1024,
+        ge=1024,
+        description="Rows per Parquet row group: a time span or one trajectory read from a compacted "
+        "events file decodes one group (16k: 11 ms against 72 ms at 128k; scans and size unchanged).",
+    )
     byte_stream_split: bool = Field(
         True,
         description="BYTE_STREAM_SPLIT for token lists (ids, logprobs): each about 20% smaller with zstd, and faster.",
