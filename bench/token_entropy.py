@@ -82,7 +82,7 @@ def measure(lake_root: Path, n_files: int, seed: int = 0) -> dict[str, Any]:
         "loss_mask": h_mask / 8 * len(mask) / tokens,
     }
     live = sum(Path(uri).stat().st_size for name in TABLES for uri in lake.files(name))
-    lake_tokens = lake.sql("select sum(total_tokens) from trajectories").column(0)[0].as_py()
+    lake_tokens = lake.sql("select sum(total_tokens)::bigint from trajectories").column(0)[0].as_py()
     lake.close()
     return {
         "files": len(files), "tokens": tokens, "logprobs_per_token": len(logprobs) / tokens,
