@@ -175,12 +175,28 @@ def overview_by_version(
 
 # -- entropy ----------------------------------------------------------------------------------
 def rollout_entropy(lake: Any, run_id: Runs, versions: VersionRange = None) -> pa.Table:
-    """Per policy version of the turn: −mean logprob of the sampled tokens (a Monte-Carlo entropy estimate)."""
+    """Per policy version of the turn: −mean logprob of the sampled tokens (a Monte-Carlo entropy estimate).
+
+    Read from `trajectories.turns_by_version` (one row per trajectory); from `turns` (one row per
+    turn, ~30x more) when a trajectory of the run(s) lacks it, as on a lake written before it
+    existed until `trajlake rebuild`."""
+    per_turn = query(
+        lake,
+        f"""SELECT count(*) AS n FROM {TRAJECTORIES}
+            WHERE {run_clause(run_id)} AND turns_by_version IS NULL AND n_turns > 0""",
+        run=run_id,
+    )
+    if per_turn.column("n")[0].as_py():
+        source = f"""SELECT run_id, policy_version, 1 AS n_turns, n_output_tokens, sum_logprob
+                     FROM {TURNS} WHERE {run_clause(run_id)}"""
+    else:
+        source = f"""SELECT run_id, unnest(turns_by_version, recursive := true)
+                     FROM {TRAJECTORIES} WHERE {run_clause(run_id)}"""
     return query(
         lake,
         f"""SELECT {run_key(run_id)}policy_version, -sum(sum_logprob) / nullif(sum(n_output_tokens), 0) AS entropy,
-                   sum(n_output_tokens)::BIGINT AS n_tokens, count(*) AS n_turns
-            FROM {TURNS} WHERE {run_clause(run_id)} AND {versions_clause(versions, "policy_version")}
+                   sum(n_output_tokens)::BIGINT AS n_tokens, sum(n_turns)::BIGINT AS n_turns
+            FROM ({source}) WHERE {versions_clause(versions, "policy_version")}
             GROUP BY ALL ORDER BY {run_key(run_id)}policy_version""",
         run=run_id,
     )

@@ -33,6 +33,12 @@ def _projection(table: str, *layout: str | tuple[str, pa.DataType]) -> pa.Schema
 
 
 _I64 = pa.int64()
+TURNS_BY_VERSION = pa.list_(
+    pa.struct(
+        [("policy_version", _I64), ("n_turns", _I64), ("n_output_tokens", _I64), ("sum_logprob", pa.float64())]
+    )
+)
+"""`trajectories.turns_by_version`: per policy version of a trajectory's turns, their count and sums."""
 
 TRAJECTORIES_SCHEMA = _projection(
     "trajectories",
@@ -43,9 +49,13 @@ TRAJECTORIES_SCHEMA = _projection(
     ("n_tool_truncated", _I64), ("n_tool_retries", _I64), ("n_code_exec", _I64),
     ("assistant_tokens", _I64), ("env_tokens", _I64), ("total_tokens", _I64), ("sum_logprob", pa.float64()),
     ("context_peak_fraction", pa.float32()), "nudged", ("n_nudges", _I64), "tito_drift",
-    ("n_drift_turns", _I64), ("started_at", _TS), ("finished_at", _TS),
+    ("n_drift_turns", _I64), ("started_at", _TS), ("finished_at", _TS), ("turns_by_version", TURNS_BY_VERSION),
 )  # fmt: skip
-"""Scalar columns of `trajectories`; the SQL view adds `token_ids`, `logprobs`, `loss_mask`."""
+"""Scalar columns of `trajectories`; the SQL view adds `token_ids`, `logprobs`, `loss_mask`.
+
+`turns_by_version` sums the trajectory's turns per policy version (a trajectory may span
+versions), so per-version figures such as rollout entropy read one row per trajectory, not
+one per turn."""
 
 TURNS_SCHEMA = _projection(
     "turns",

@@ -137,6 +137,15 @@ t as (
     count(*) filter (where nudged) as n_nudges, count(*) filter (where tito_drift) as n_drift_turns
   from e where event_type = 'turn' group by all
 ),
+tv as (
+  select run_id, trajectory_id,
+    list(struct_pack(policy_version, n_turns, n_output_tokens, sum_logprob) order by policy_version)
+      as turns_by_version
+  from (select run_id, trajectory_id, policy_version, count(*) as n_turns,
+          sum(n_output_tokens) as n_output_tokens, sum(sum_logprob) as sum_logprob
+        from e where event_type = 'turn' group by all)
+  group by all
+),
 tc as (
   select run_id, trajectory_id, count(*) as n_tool_calls,
     count(*) filter (where has_result and not ok) as n_tool_errors,
@@ -166,9 +175,10 @@ select ids.run_id, ids.trajectory_id, {fed("trajectories", _from_cte)},
   coalesce(t.sum_logprob, 0) as sum_logprob, t.context_peak_fraction,
   coalesce(t.n_nudges, 0) > 0 as nudged, coalesce(t.n_nudges, 0) as n_nudges,
   coalesce(t.n_drift_turns, 0) > 0 as tito_drift, coalesce(t.n_drift_turns, 0) as n_drift_turns,
-  s.started_at, f.finished_at
+  s.started_at, f.finished_at, tv.turns_by_version
 from ids
 left join s using (run_id, trajectory_id) left join t using (run_id, trajectory_id)
+left join tv using (run_id, trajectory_id)
 left join tc using (run_id, trajectory_id) left join r using (run_id, trajectory_id)
 left join f using (run_id, trajectory_id)
 """
