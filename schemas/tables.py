@@ -35,7 +35,12 @@ def _projection(table: str, *layout: str | tuple[str, pa.DataType]) -> pa.Schema
 _I64 = pa.int64()
 TURNS_BY_VERSION = pa.list_(
     pa.struct(
-        [("policy_version", _I64), ("n_turns", _I64), ("n_output_tokens", _I64), ("sum_logprob", pa.float64())]
+        [
+            ("policy_version", _I64),
+            ("n_turns", _I64),
+            ("n_output_tokens", _I64),
+            ("sum_logprob", pa.float64()),
+        ]
     )
 )
 """`trajectories.turns_by_version`: per policy version of a trajectory's turns, their count and sums."""

@@ -69,6 +69,67 @@ def test_system_failures_are_never_scored_as_reward_zero(dash_lake):
     assert sum(r["n_trajectories"] - r["n_scored"] for r in scored) == systems
 
 
+ENTROPY_FROM_TURNS = """select policy_version, -sum(sum_logprob) / sum(n_output_tokens) as entropy,
+    sum(n_output_tokens) as n_tokens, count(*) as n_turns from turns where run_id = $run
+    group by policy_version order by policy_version"""
+
+
+def assert_entropy_matches_turns(lake, run_id):
+    got = metrics.rollout_entropy(lake, run_id).to_pylist()
+    expected = lake.sql(ENTROPY_FROM_TURNS, {"run": run_id}).to_pylist()
+    assert [(r["policy_version"], r["n_tokens"], r["n_turns"]) for r in got] == [
+        (r["policy_version"], r["n_tokens"], r["n_turns"]) for r in expected
+    ]
+    assert [r["entropy"] for r in got] == pytest.approx([r["entropy"] for r in expected], rel=1e-9)
+
+
+def test_rollout_entropy_counts_each_turn_at_its_own_version_when_trajectories_span_versions(dash_lake):
+    spanning = dash_lake.sql(
+        "select count(*) as n from trajectories where run_id = $run and policy_version_max > policy_version_min",
+        {"run": RUN},
+    )
+    assert spanning.column("n")[0].as_py() > 0
+    assert_entropy_matches_turns(dash_lake, RUN)
+    few = metrics.rollout_entropy(dash_lake, RUN, (1, 2)).column("policy_version").to_pylist()
+    assert few == [1, 2]
+
+
+def test_rollout_entropy_of_a_lake_written_before_turns_by_version(tmp_path, monkeypatch):
+    from trajlake.store import lake as lake_module
+    from trajlake.store.lake import Lake
+    from trajlake.store.projections import rebuild
+
+    def record(root, trajectory_id, logprob):
+        bus = InProcessBus()
+        with Recorder(bus, "run").start("task", trajectory_id=trajectory_id) as t:
+            t.turn([4, 5], [logprob, -0.5], 1, input_token_ids=[1])
+            t.turn([6], [logprob], 2, input_token_ids=[2])
+            t.finish("completed")
+        DeltaSink(Lake(root), bus, SinkConfig()).run(until_idle_s=0.0)
+
+    root = tmp_path / "lake"
+    schema = lake_module.SCHEMAS["trajectories"]
+    with monkeypatch.context() as m:
+        m.setitem(
+            lake_module.SCHEMAS, "trajectories", schema.remove(schema.get_field_index("turns_by_version"))
+        )
+        record(root, "t-old", -1.0)
+    assert "turns_by_version" not in Lake(root).stored_columns("trajectories")
+    assert_entropy_matches_turns(Lake(root), "run")
+    record(root, "t-new", -2.0)  # the column is added; the old trajectory's stays null
+    assert_entropy_matches_turns(Lake(root), "run")
+    rebuild(Lake(root))
+    lake = Lake(root)
+    assert (
+        lake.sql("select count(*) as n from trajectories where turns_by_version is null")
+        .column("n")[0]
+        .as_py()
+        == 0
+    )
+    assert_entropy_matches_turns(lake, "run")
+    assert [r["n_turns"] for r in metrics.rollout_entropy(lake, "run").to_pylist()] == [2, 2]
+
+
 def test_ingest_lag_covers_every_event_of_the_run(dash_lake):
     lag = metrics.ingest_lag(dash_lake, RUN).to_pylist()
     n_events = (

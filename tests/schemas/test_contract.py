@@ -108,8 +108,19 @@ TABLES = {
         ("n_drift_turns", pa.int64()),
         ("started_at", TS),
         ("finished_at", TS),
-        ("turns_by_version", pa.list_(pa.struct([("policy_version", pa.int64()), ("n_turns", pa.int64()),
-                                                  ("n_output_tokens", pa.int64()), ("sum_logprob", pa.float64())]))),
+        (
+            "turns_by_version",
+            pa.list_(
+                pa.struct(
+                    [
+                        ("policy_version", pa.int64()),
+                        ("n_turns", pa.int64()),
+                        ("n_output_tokens", pa.int64()),
+                        ("sum_logprob", pa.float64()),
+                    ]
+                )
+            ),
+        ),
     ],
     "turns": [
         ("run_id", pa.string()),
