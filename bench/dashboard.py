@@ -79,6 +79,7 @@ PAGE_QUERIES: dict[str, tuple[list[str], list[Query]]] = {
         lambda lake, s: m.staleness_distribution(lake, RUN),
         lambda lake, s: m.logprob_mismatch(lake, RUN),
         lambda lake, s: m.ingest_lag(lake, RUN),
+        lambda lake, s: m.freshness_s(lake, RUN),
         lambda lake, s: m.buffer_composition(lake, RUN, "difficulty", "arrivals", 1.0),
         lambda lake, s: m.buffer_composition(lake, RUN, "difficulty", "consumption", 1.0),
         lambda lake, s: m.zero_signal_groups(lake, RUN),

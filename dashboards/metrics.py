@@ -52,7 +52,7 @@ from trajlake.dashboards.query import (
     versions_clause,
 )
 from trajlake.store.config import MISMATCH_THRESHOLD
-from trajlake.store.sql import connection
+from trajlake.store.sql import connection, query_files
 
 __all__ = [
     "MAX_K",
@@ -423,10 +423,12 @@ def ingest_lag(lake: Any, run_id: str) -> pa.Table:
 
     The write time is the Delta `add` action's modification time of the event's Parquet file
     (after `trajlake compact` rewrites files, it is the compaction time for the rows it moved);
-    only `run_id` and `event_time` are read, and both percentiles come from one sort. Returns
-    `bucket_start, n_events, lag_p50_s, lag_p95_s, lag_max_s`.
+    only `run_id` and `event_time` are read, of only the files whose Delta statistics may hold
+    the run, and both percentiles come from one sort. Returns `bucket_start, n_events,
+    lag_p50_s, lag_p95_s, lag_max_s`.
     """
-    written = _file_write_times(lake, "events")
+    times = _file_write_times(lake, "events")
+    written = {f: times[f] for f in lake.files_within("events", "run_id", run_id, run_id) if f in times}
     schema = pa.schema(
         [("bucket_start", pa.timestamp("us", tz="UTC")), ("n_events", pa.int64())]
         + [(f"lag_{s}_s", pa.float64()) for s in ("p50", "p95", "max")]
@@ -468,11 +470,13 @@ def _file_write_times(lake: Any, table: str) -> dict[str, int]:
 
 
 def freshness_s(lake: Any, run_id: str) -> float | None:
-    """Seconds since the run's latest event (None for a run without events)."""
-    table = query(
+    """Seconds since the run's latest event (None for a run without events), read from only the
+    `events` files whose Delta statistics may hold the run."""
+    table = query_files(
         lake,
+        {"events": lake.files_within("events", "run_id", run_id, run_id)},
         f"SELECT epoch(now()) - epoch(max(event_time)) AS s FROM {EVENTS} WHERE run_id = $run",
-        run=run_id,
+        {"run": run_id},
     )
     return table.column("s")[0].as_py()
 

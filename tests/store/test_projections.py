@@ -48,6 +48,13 @@ EVENTS = [
 
 F05 = 0.05000000074505806  # 0.05 as float32
 
+
+def version(policy_version: int, n_turns: int, n_output_tokens: int, sum_logprob: float) -> dict:
+    """One item of `trajectories.turns_by_version`."""
+    return {"policy_version": policy_version, "n_turns": n_turns, "n_output_tokens": n_output_tokens,
+            "sum_logprob": sum_logprob}  # fmt: skip
+
+
 EXPECTED: dict[str, list[tuple]] = {
     "turns": [
         ("r", "t", "e02", 1, 0, 3, 3, 2, 1, False, "tool_calls", F05, False, False, 0.5, -0.75, at(2), 0.25),
@@ -62,10 +69,10 @@ EXPECTED: dict[str, list[tuple]] = {
     "trajectories": [
         ("r", "t", "task", "g", 1, "math", "h", "m", 100, 3, 4, 1.0, None, "completed", "model",
          "model_capability", "done", True, 2, 2, 1, 1, 0, 2, 1, 3, 2, 8, -1.75, F05, True, 1, True, 1,
-         at(1), at(8)),
+         at(1), at(8), [version(3, 1, 2, -0.75), version(4, 1, 1, -1.0)]),
         ("r", "u", "task2", "g", 0, None, None, None, None, None, None, None, None, None, None,
          None, None, False, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, None, False, 0, False, 0,
-         at(10), None),
+         at(10), None, None),
     ],
     "policy_versions": [("r", 3, 3, "ckpt/3", '{"loss":0.5}', at(0))],
     "batch_consumption": [("r", 4, 4, "t", 1, at(9), 0.5), ("r", 4, 4, "u", 2, at(9), -0.5)],
