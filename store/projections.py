@@ -126,25 +126,23 @@ s as (
     {fed("trajectories", _first, TRAJECTORY_STARTED)}
   from e where event_type = 'trajectory_started' group by all
 ),
-t as (
-  select run_id, trajectory_id, count(*) as n_turns,
-    min(policy_version) as policy_version_min, max(policy_version) as policy_version_max,
-    sum(n_output_tokens) as assistant_tokens,
+v as (
+  select run_id, trajectory_id, policy_version, count(*) as n_turns, sum(n_output_tokens) as n_output_tokens,
     sum(case when turn_index = 0 then n_input_tokens else 0 end) as prompt_tokens,
     sum(case when turn_index > 0 then n_input_tokens else 0 end) as env_tokens,
-    sum(sum_logprob) as sum_logprob,
-    max(context_used_fraction) as context_peak_fraction,
+    sum(sum_logprob) as sum_logprob, max(context_used_fraction) as context_peak_fraction,
     count(*) filter (where nudged) as n_nudges, count(*) filter (where tito_drift) as n_drift_turns
   from e where event_type = 'turn' group by all
 ),
-tv as (
-  select run_id, trajectory_id,
+t as (
+  select run_id, trajectory_id, sum(n_turns) as n_turns,
+    min(policy_version) as policy_version_min, max(policy_version) as policy_version_max,
+    sum(n_output_tokens) as assistant_tokens, sum(prompt_tokens) as prompt_tokens, sum(env_tokens) as env_tokens,
+    sum(sum_logprob) as sum_logprob, max(context_peak_fraction) as context_peak_fraction,
+    sum(n_nudges) as n_nudges, sum(n_drift_turns) as n_drift_turns,
     list(struct_pack(policy_version, n_turns, n_output_tokens, sum_logprob) order by policy_version)
       as turns_by_version
-  from (select run_id, trajectory_id, policy_version, count(*) as n_turns,
-          sum(n_output_tokens) as n_output_tokens, sum(sum_logprob) as sum_logprob
-        from e where event_type = 'turn' group by all)
-  group by all
+  from v group by all
 ),
 tc as (
   select run_id, trajectory_id, count(*) as n_tool_calls,
@@ -175,10 +173,9 @@ select ids.run_id, ids.trajectory_id, {fed("trajectories", _from_cte)},
   coalesce(t.sum_logprob, 0) as sum_logprob, t.context_peak_fraction,
   coalesce(t.n_nudges, 0) > 0 as nudged, coalesce(t.n_nudges, 0) as n_nudges,
   coalesce(t.n_drift_turns, 0) > 0 as tito_drift, coalesce(t.n_drift_turns, 0) as n_drift_turns,
-  s.started_at, f.finished_at, tv.turns_by_version
+  s.started_at, f.finished_at, t.turns_by_version
 from ids
 left join s using (run_id, trajectory_id) left join t using (run_id, trajectory_id)
-left join tv using (run_id, trajectory_id)
 left join tc using (run_id, trajectory_id) left join r using (run_id, trajectory_id)
 left join f using (run_id, trajectory_id)
 """
