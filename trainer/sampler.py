@@ -58,6 +58,31 @@ IN_REACH = """select coalesce(nullif(group_id, ''), trajectory_id) from trajecto
 finished or without a version. Only their rows are read, so a batch costs what the staleness window
 holds, not the whole run (at 100k trajectories, reading every row took most of a batch)."""
 
+FINISHED_COUNTS = """select count(*) as finished, count(*) filter (where failure_origin = 'system') as system_failures,
+    count(*) filter (where failure_origin is distinct from 'system' and reward is null) as no_reward
+    from trajectories where run_id = $run and finished"""
+"""The run's finished trajectories: all of them, system failures, and the others without a reward."""
+
+
+def _out_of_reach(finished: dict[str, int], cols: dict[str, list[Any]]) -> SamplerStats:
+    """The counts of the rows `select_groups` does not read (every one finished and too stale): the
+    run's `FINISHED_COUNTS` less those of the rows within reach. One aggregate, without the join
+    that picks the groups out of reach (on a million trajectories 0.08 s against 0.41 s)."""
+    for i, done in enumerate(cols["finished"]):
+        if done:
+            finished["finished"] -= 1
+            if cols["failure_origin"][i] == "system":
+                finished["system_failures"] -= 1
+            elif cols["reward"][i] is None:
+                finished["no_reward"] -= 1
+    stale = finished["finished"] - finished["system_failures"] - finished["no_reward"]
+    return SamplerStats(
+        finished=finished["finished"],
+        system_failures=finished["system_failures"],
+        no_reward=finished["no_reward"],
+        stale=stale,
+    )
+
 
 @dataclass
 class _Member:
@@ -114,15 +139,20 @@ class Sampler:
         cfg = self.config
         now = now or dt.datetime.now(dt.UTC)
         params = {"run": cfg.run_id, "oldest": trainer_version - cfg.max_staleness}
-        rows = self.lake.sql(
-            f"select {', '.join(SCALAR_COLUMNS)} from trajectories where run_id = $run "
-            f"and coalesce(nullif(group_id, ''), trajectory_id) in ({IN_REACH})",
-            params,
-        )
-        stats = self._out_of_reach(params)
+        cursor = self.lake.query_engine().cursor(tokens=False)  # one snapshot for both reads
+        try:
+            rows = cursor.sql(
+                f"select {', '.join(SCALAR_COLUMNS)} from trajectories where run_id = $run "
+                f"and coalesce(nullif(group_id, ''), trajectory_id) in ({IN_REACH})",
+                params=params,
+            ).to_arrow_table()
+            finished = cursor.sql(FINISHED_COUNTS, params={"run": cfg.run_id}).to_arrow_table().to_pylist()[0]
+        finally:
+            cursor.close()
         taken = self.catalog.unavailable_ids(cfg.run_id) if self.catalog is not None else set()
         cols = {name: rows.column(name).to_pylist() for name in SCALAR_COLUMNS if name != "finished_at"}
         cols["finished_at"] = rows.column("finished_at").cast(pa.int64()).to_pylist()
+        stats = _out_of_reach(finished, cols)
         groups: dict[str, _Group] = {}
         blocked: set[str] = set()
         for i, tid in enumerate(cols["trajectory_id"]):
@@ -152,25 +182,6 @@ class Sampler:
         ready.sort(key=lambda g: (g.first_finished_at or now_us, g.group_id))
         stats.ready_groups = len(ready)
         return ready, stats
-
-    def _out_of_reach(self, params: dict[str, Any]) -> SamplerStats:
-        """The counts of the rows `select_groups` does not read: every one finished and too stale."""
-        row = self.lake.sql(
-            f"""select count(*) as finished,
-                       count(*) filter (where failure_origin = 'system') as system_failures,
-                       count(*) filter (where failure_origin is distinct from 'system' and reward is null)
-                         as no_reward
-                from trajectories where run_id = $run
-                  and coalesce(nullif(group_id, ''), trajectory_id) not in ({IN_REACH})""",
-            params,
-        ).to_pylist()[0]
-        stale = row["finished"] - row["system_failures"] - row["no_reward"]
-        return SamplerStats(
-            finished=row["finished"],
-            system_failures=row["system_failures"],
-            no_reward=row["no_reward"],
-            stale=stale,
-        )
 
     def _admit(self, cols: dict[str, list[Any]], i: int, version: int, stats: SamplerStats) -> _Member | None:
         """The trajectory as a group member, or None (counted) if it must not be trained on."""

@@ -62,16 +62,21 @@ def test_groups_older_than_the_window_are_counted_as_row_by_row(lake, catalog, m
         spec("old", reward=None, version=1),
         *pair("old-b", version=1),
     ]
-    fresh = [*pair("fresh", version=4), spec("fresh", reward=None, version=4), spec("wip", finished=False)]
+    fresh = [
+        *pair("fresh", version=4),
+        spec("fresh", reward=None, version=4),
+        spec("fresh", reward=None, version=4, status="error", origin="system"),
+        spec("wip", finished=False),
+    ]
     make_run(old + fresh)
     chooser = sampler(lake, catalog, max_staleness=2, groups_per_batch=10)
     ready, stats = chooser.select_groups(trainer_version=4)
     assert [g.group_id for g in ready] == ["fresh"]
-    assert (stats.finished, stats.unfinished) == (9, 1)
-    assert (stats.system_failures, stats.no_reward, stats.stale) == (1, 2, 4)
+    assert (stats.finished, stats.unfinished) == (10, 1)
+    assert (stats.system_failures, stats.no_reward, stats.stale) == (2, 2, 4)
     # the same trajectories at a version that reaches every group: each row read and counted
     everything = sampler(lake, catalog, max_staleness=10, groups_per_batch=10).select_groups(4)[1]
-    assert (everything.finished, everything.system_failures, everything.no_reward) == (9, 1, 2)
+    assert (everything.finished, everything.system_failures, everything.no_reward) == (10, 2, 2)
 
 
 def test_system_failures_are_excluded_and_counted(lake, catalog, make_run, pair, spec):
