@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from fractions import Fraction
+from functools import cache
 from math import comb, fsum
 
 MAX_K = 16
 """The largest k the dashboards show."""
 
 
+@cache
 def pass_at_k(n: int, c: int, k: int) -> float:
     """1 − C(n−c, k) / C(n, k): the chance that k of n samples (c of them correct) hold a success.
 
-    Computed as one exact fraction and rounded once, so it is exact to the last bit of the float.
+    Computed as one exact fraction and rounded once, so it is exact to the last bit of the float
+    (Python's int / int is correctly rounded however large the integers; `Fraction` gave the same
+    floats, 6x slower). Memoised: runs and policy versions share most (n, c) pairs.
     """
     if n < 1 or not 0 <= c <= n:
         raise ValueError(f"need n >= 1 and 0 <= c <= n (got n={n}, c={c})")
@@ -23,7 +26,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0  # every draw of k samples contains a success
     total = comb(n, k)
-    return float(Fraction(total - comb(n - c, k), total))
+    return (total - comb(n - c, k)) / total
 
 
 def mean_pass_at_k(
