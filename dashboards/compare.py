@@ -91,11 +91,11 @@ def by_step(
         f"""WITH t AS (
                 SELECT trajectory_id, task_id, reward, n_turns, n_tool_calls, n_tool_errors, failure_origin,
                        {SCORED} AS is_scored, reward >= $threshold AS passed
-                FROM {TRAJECTORIES} WHERE list_contains($runs, run_id)),
+                FROM {TRAJECTORIES} WHERE list_contains($run, run_id)),
             consumed AS (
                 SELECT b.run_id, b.step, b.trainer_version, b.staleness, t.*
                 FROM batch_consumption b LEFT JOIN t ON t.trajectory_id = b.trajectory_id
-                WHERE list_contains($runs, b.run_id)),
+                WHERE list_contains($run, b.run_id)),
             batches AS (
                 SELECT run_id, step, max(trainer_version) AS trainer_version, count(*) AS n_consumed,
                        avg(staleness) AS staleness_mean, max(staleness) AS staleness_max,
@@ -112,7 +112,7 @@ def by_step(
             trainer AS (
                 SELECT run_id, step, max(trainer_version) AS trainer_version, avg(entropy) AS entropy,
                        avg(mismatch) AS mismatch
-                FROM trainer_steps WHERE list_contains($runs, run_id) GROUP BY run_id, step)
+                FROM trainer_steps WHERE list_contains($run, run_id) GROUP BY run_id, step)
             SELECT coalesce(b.run_id, s.run_id) AS run_id, coalesce(b.step, s.step) AS step,
                    coalesce(b.trainer_version, s.trainer_version) AS trainer_version,
                    coalesce(b.n_consumed, 0) AS n_consumed, b.reward_mean, p.pass_at_1, s.entropy, s.mismatch,
@@ -120,8 +120,8 @@ def by_step(
                    b.system_failure_rate, b.model_failure_rate
             FROM batches b FULL JOIN trainer s ON s.run_id = b.run_id AND s.step = b.step
             LEFT JOIN passed p ON p.run_id = b.run_id AND p.step = b.step
-            ORDER BY list_position($runs, coalesce(b.run_id, s.run_id)), step""",
-        runs=list(run_ids),
+            ORDER BY list_position($run, coalesce(b.run_id, s.run_id)), step""",
+        run=list(run_ids),
         threshold=float(success_threshold),
     )
     return table.cast(STEP_SCHEMA)

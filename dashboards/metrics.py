@@ -400,7 +400,8 @@ def buffer_composition(
         return query(
             lake,
             f"""SELECT b.step, {category} AS category, count(*) AS n_trajectories
-                FROM batch_consumption b JOIN {TRAJECTORIES} t ON t.trajectory_id = b.trajectory_id
+                FROM batch_consumption b
+                JOIN {TRAJECTORIES} t ON t.run_id = b.run_id AND t.trajectory_id = b.trajectory_id
                 LEFT JOIN {difficulty} ON d.task_id = t.task_id
                 WHERE b.run_id = $run GROUP BY ALL ORDER BY b.step, category""",
             run=run_id,

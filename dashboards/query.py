@@ -27,9 +27,16 @@ EVENTS = "_t_events"
 def query(lake: Any, sql: str, **params: Any) -> pa.Table:
     """Run read-only SQL on the lake; DuckDB binds each `$name` placeholder to `params[name]`.
 
-    Every parameter passed must appear in `sql` (DuckDB refuses extra ones).
+    Every parameter passed must appear in `sql` (DuckDB refuses extra ones). A query given `run`
+    (one run id, or several) keeps every table it reads to those runs, so it reads only the files
+    whose Delta statistics may hold them: a run's pages do not open the other runs' files.
     """
-    return lake.sql(sql, params or None)
+    runs = params.get("run")
+    within = None
+    if runs:
+        ids = [runs] if isinstance(runs, str) else list(runs)
+        within = ("run_id", min(ids), max(ids))
+    return lake.sql(sql, params or None, within)
 
 
 def versions_clause(versions: VersionRange, column: str = "policy_version_min") -> str:

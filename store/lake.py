@@ -511,9 +511,18 @@ class Lake:
 
         return read_trajectory(self, trajectory_id, run_id)
 
-    def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
-        """Run one read-only SQL query over every table, with DuckDB `params`; return Arrow."""
-        return self.query_engine().sql(query, params)
+    def sql(
+        self,
+        query: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        within: tuple[str, Any, Any] | None = None,
+    ) -> pa.Table:
+        """Run one read-only SQL query over every table, with DuckDB `params`; return Arrow.
+
+        `within` (column, lo, hi): the tables the query names read only the files that may hold
+        a `column` value in [lo, hi] (`files_within`); the query must keep to that range itself.
+        """
+        return self.query_engine().sql(query, params, within)
 
     def query_engine(self) -> Any:
         """The lake's shared read-only DuckDB engine (`trajlake.store.sql.QueryEngine`)."""

@@ -16,6 +16,7 @@ file outside the lake and reach no network.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,9 @@ def names_tokens(query: str, token_columns: frozenset[str]) -> bool:
 
 Params = Sequence[Any] | Mapping[str, Any] | None
 """DuckDB parameters: values for `?` placeholders in order, or for `$name` placeholders by name."""
+
+Within = tuple[str, Any, Any]
+"""(column, lo, hi): read only the files whose Delta statistics may hold a `column` value in [lo, hi]."""
 
 
 def placeholders(n: int) -> str:
@@ -285,6 +289,9 @@ class QueryEngine:
         self._lock = threading.Lock()
         self._versions: dict[str, int] = {}
         self._datasets: dict[str, Any] = {}  # object-storage tables, registered on every cursor
+        self._narrowed: dict[
+            tuple[Any, ...], list[str] | None
+        ] = {}  # (table, version, column, lo, hi) -> files
         self.con = duckdb.connect()
         self.con.execute("set threads to 2")
         # Delta never rewrites a file in place, so a file's footer, once read, holds for the
@@ -332,14 +339,19 @@ class QueryEngine:
             cur.execute(f"set search_path = '{SCALAR_SCHEMA},main'")
         return cur
 
-    def sql(self, query: str, params: Params = None) -> pa.Table:
+    def sql(self, query: str, params: Params = None, within: Within | None = None) -> pa.Table:
         """Run one read-only statement; raise `ReadOnlyQueryError` for anything that writes.
 
-        A query that reads no token column (`names_tokens`) runs on the token-free views.
+        A query that reads no token column (`names_tokens`) runs on the token-free views. With
+        `within` (`column, lo, hi`), each table the query names reads only its files whose Delta
+        statistics may hold a `column` value in [lo, hi] (`Lake.files_within`): the query must
+        itself keep to that range, as a dashboard query of one run does with `run_id`.
         """
         check_read_only(query)
         cur = self.cursor(tokens=names_tokens(query, self.token_columns))
         try:
+            if within is not None:
+                self._narrow(cur, query, within)
             try:
                 return cur.sql(query, params=params).to_arrow_table()
             except duckdb.PermissionException as err:
@@ -352,6 +364,30 @@ class QueryEngine:
                 raise
         finally:
             cur.close()
+
+    def _narrow(self, cur: duckdb.DuckDBPyConnection, query: str, within: Within) -> None:
+        """Shadow, on this cursor, the `_t_<name>` view of each table `query` names with one over
+        only the files that may hold a value in the range (`dead_letters` keeps every file: its
+        rows may have no run)."""
+        column, lo, hi = within
+        names = [
+            n
+            for n in self.tables
+            if n != "dead_letters" and (f"_t_{n}" in query or re.search(rf"\b{n}\b", query))
+        ]
+        files: dict[str, list[str]] = {}
+        for name in names:
+            key = (name, self._versions.get(name), column, lo, hi)
+            if key not in self._narrowed:
+                if len(self._narrowed) > 256:
+                    self._narrowed.clear()
+                some = self.lake.files_within(name, column, lo, hi)
+                self._narrowed[key] = some if len(some) < len(self.lake.files(name)) else None
+            narrowed = self._narrowed[key]
+            if narrowed is not None:
+                files[name] = narrowed
+        if files:
+            register_tables(cur, self.lake, list(files), temp=True, files=files)
 
     def detokenize(self, token_ids: list[int] | None, model: str | None) -> str | None:
         """SQL's `detokenize(token_ids, model)`: the text of the ids (null for null ids)."""

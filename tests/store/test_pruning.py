@@ -79,3 +79,36 @@ def test_event_times_are_in_the_delta_log_so_a_span_reads_its_own_files(many_fil
     assert last["trajectory_id"] in rows.column(0).to_pylist()
     after = last["hi"] + timedelta(days=1)
     assert many_files.files_within("events", "event_time", after, after) == []
+
+
+def test_a_query_within_a_run_reads_only_that_runs_files_and_gives_the_same_figures(many_files):
+    per_run = "select count(*) as n, sum(n_turns) as turns from _t_trajectories where run_id = $run"
+    everything = "select count(*) as n from _t_trajectories"
+    for run in (RUN, "other"):
+        within = ("run_id", run, run)
+        assert many_files.sql(per_run, {"run": run}, within) == many_files.sql(per_run, {"run": run})
+        # the files of the other run are not even opened: an unfiltered count sees this run's rows alone
+        alone = many_files.sql(per_run, {"run": run}).column("n")[0].as_py()
+        assert many_files.sql(everything, within=within).column("n")[0].as_py() == alone
+    assert many_files.sql(everything).column("n")[0].as_py() == 6 * COMMITS + 4
+
+
+def test_every_dashboard_figure_of_a_run_is_the_same_read_within_the_run_or_not(many_files, monkeypatch):
+    from trajlake.dashboards import metrics
+
+    figures = {
+        "overview": lambda: metrics.overview_by_version(many_files, RUN),
+        "entropy": lambda: metrics.rollout_entropy(many_files, [RUN, "other"]),
+        "behaviour": lambda: metrics.behaviour_by_version(many_files, RUN),
+        "tools": lambda: metrics.tool_stats(many_files, RUN, (0, 3)),
+        "failures": lambda: metrics.failures_by(many_files, RUN, "label"),
+        "arrivals": lambda: metrics.buffer_composition(many_files, RUN, "length", "arrivals"),
+        "latency": lambda: metrics.length_percentiles(many_files, RUN),
+    }
+    narrowed = {name: figure() for name, figure in figures.items()}
+    unnarrowed_sql = Lake.sql
+    monkeypatch.setattr(
+        Lake, "sql", lambda self, query, params=None, within=None: unnarrowed_sql(self, query, params)
+    )
+    for name, figure in figures.items():
+        assert narrowed[name].to_pylist() == figure().to_pylist(), name
