@@ -52,7 +52,6 @@ from trajlake.dashboards.query import (
     versions_clause,
 )
 from trajlake.store.config import MISMATCH_THRESHOLD
-from trajlake.store.sql import connection, query_files
 
 __all__ = [
     "MAX_K",
@@ -447,28 +446,22 @@ def ingest_lag(lake: Any, run_id: str) -> pa.Table:
     )
     if not written:
         return schema.empty_table()
-    con = connection()
-    try:
-        con.register("written", pa.table({"file": list(written), "written_ms": list(written.values())}))
-        return (
-            con.sql(
-                f"""WITH lag AS (
-                    SELECT e.event_time, (w.written_ms / 1000.0) - epoch(e.event_time) AS lag_s
-                    FROM read_parquet($files, filename = true) e JOIN written w ON w.file = e.filename
-                    WHERE e.run_id = $run)
+    return query(
+        lake,
+        f"""WITH lag AS (
+                SELECT event_time, $written_ms[file_index::BIGINT + 1] / 1000.0 - epoch(event_time) AS lag_s
+                FROM read_parquet($files) WHERE run_id = $run)
+            SELECT bucket_start, n_events, q[1] AS lag_p50_s, q[2] AS lag_p95_s, lag_max_s FROM (
                 SELECT to_timestamp(floor(epoch(event_time) / w.width) * w.width) AS bucket_start,
-                       count(*) AS n_events, quantile_cont(lag_s, [0.5, 0.95]) AS lag_s, max(lag_s) AS lag_max_s
+                       count(*) AS n_events, quantile_cont(lag_s, [0.5, 0.95]) AS q, max(lag_s) AS lag_max_s
                 FROM lag, (SELECT greatest(1, ceil((epoch(max(event_time)) - epoch(min(event_time)) + 1)
                                                    / {TIME_BUCKETS})) AS width FROM lag) w
-                GROUP BY ALL ORDER BY bucket_start""",
-                params={"files": list(written), "run": run_id},
-            )
-            .select("bucket_start, n_events, lag_s[1] AS lag_p50_s, lag_s[2] AS lag_p95_s, lag_max_s")
-            .to_arrow_table()
-            .cast(schema)
-        )
-    finally:
-        con.close()
+                GROUP BY ALL)
+            ORDER BY bucket_start""",
+        files=list(written),
+        written_ms=list(written.values()),
+        run=run_id,
+    ).cast(schema)
 
 
 def _file_write_times(lake: Any, table: str) -> dict[str, int]:
@@ -482,13 +475,11 @@ def _file_write_times(lake: Any, table: str) -> dict[str, int]:
 
 
 def freshness_s(lake: Any, run_id: str) -> float | None:
-    """Seconds since the run's latest event (None for a run without events), read from only the
-    `events` files whose Delta statistics may hold the run."""
-    table = query_files(
+    """Seconds since the run's latest event (None for a run without events)."""
+    table = query(
         lake,
-        {"events": lake.files_within("events", "run_id", run_id, run_id)},
         f"SELECT epoch(now()) - epoch(max(event_time)) AS s FROM {EVENTS} WHERE run_id = $run",
-        {"run": run_id},
+        run=run_id,
     )
     return table.column("s")[0].as_py()
 
