@@ -230,20 +230,11 @@ def read_files(
 ) -> pa.Table:
     """Internal read of one stored table, or of some of its `files` (trusted SQL: no read-only
     guard); values go in `params`."""
-    cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
-    query = f"select {cols} from _t_{name}" + (f" where {where}" if where else "")
-    return query_files(lake, {name: files} if files is not None else {name: lake.files(name)}, query, params)
-
-
-def query_files(
-    lake: Lake, files: Mapping[str, Sequence[str]], query: str, params: Params = None
-) -> pa.Table:
-    """Internal SQL over `_t_<name>` views of only the given files of each table (trusted SQL: no
-    read-only guard). With `Lake.files_within`, a query that filters on a column the Delta log
-    has statistics for opens only the files that may match, not every file's footer."""
     con = connection()
     try:
-        register_tables(con, lake, list(files), temp=True, files=files)
+        register_tables(con, lake, [name], temp=True, files=None if files is None else {name: files})
+        cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
+        query = f"select {cols} from _t_{name}" + (f" where {where}" if where else "")
         return con.sql(query, params=params).to_arrow_table()
     finally:
         con.close()
