@@ -14,9 +14,12 @@ Conventions shared by every figure:
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from trajlake.dashboards.browse import (
     find_trajectories,
@@ -35,12 +38,12 @@ from trajlake.dashboards.latency import (
 from trajlake.dashboards.passk import MAX_K, mean_pass_at_k, pass_at_k
 from trajlake.dashboards.query import (
     EVENTS,
-    TIME_BUCKETS,
     TOOL_CALLS,
     TRAJECTORIES,
     TURNS,
     Runs,
     VersionRange,
+    bucket_seconds,
     bucket_width,
     query,
     rows,
@@ -433,55 +436,71 @@ def ingest_lag(lake: Any, run_id: str) -> pa.Table:
     """Ingest lag per time bucket: when the sink wrote an event's file minus the event's `event_time`.
 
     The write time is the Delta `add` action's modification time of the event's Parquet file
-    (after `trajlake compact` rewrites files, it is the compaction time for the rows it moved);
-    only `run_id` and `event_time` are read, of only the files whose Delta statistics may hold
-    the run, and both percentiles come from one sort. Returns `bucket_start, n_events,
-    lag_p50_s, lag_p95_s, lag_max_s`.
+    (after `trajlake compact` rewrites files, it is the compaction time for the rows it moved).
+    One scan reads `run_id` and `event_time` of only the files whose Delta statistics may hold
+    the run; the buckets split the run's `event_time_extent`, and both percentiles come from
+    one sort. Returns `bucket_start, n_events, lag_p50_s, lag_p95_s, lag_max_s`.
     """
-    times = _file_write_times(lake, "events")
-    written = {f: times[f] for f in lake.files_within("events", "run_id", run_id, run_id) if f in times}
     schema = pa.schema(
         [("bucket_start", pa.timestamp("us", tz="UTC")), ("n_events", pa.int64())]
         + [(f"lag_{s}_s", pa.float64()) for s in ("p50", "p95", "max")]
     )
-    if not written:
+    extent = event_time_extent(lake, run_id)
+    if not lake.is_local or extent is None:
         return schema.empty_table()
+    files = _run_files(lake, "events", run_id)
+    first, last = (t.timestamp() for t in extent)
     return query(
         lake,
-        f"""WITH lag AS (
-                SELECT event_time, $written_ms[file_index::BIGINT + 1] / 1000.0 - epoch(event_time) AS lag_s
-                FROM read_parquet($files) WHERE run_id = $run)
-            SELECT bucket_start, n_events, q[1] AS lag_p50_s, q[2] AS lag_p95_s, lag_max_s FROM (
-                SELECT to_timestamp(floor(epoch(event_time) / w.width) * w.width) AS bucket_start,
-                       count(*) AS n_events, quantile_cont(lag_s, [0.5, 0.95]) AS q, max(lag_s) AS lag_max_s
-                FROM lag, (SELECT greatest(1, ceil((epoch(max(event_time)) - epoch(min(event_time)) + 1)
-                                                   / {TIME_BUCKETS})) AS width FROM lag) w
+        """SELECT bucket_start, n_events, q[1] AS lag_p50_s, q[2] AS lag_p95_s, lag_max_s FROM (
+                SELECT to_timestamp(floor(epoch(event_time) / $width) * $width) AS bucket_start, count(*) AS n_events,
+                       quantile_cont(lag_s, [0.5, 0.95]) AS q, max(lag_s) AS lag_max_s
+                FROM (SELECT event_time, $written_ms[file_index::BIGINT + 1] / 1000.0 - epoch(event_time) AS lag_s
+                      FROM read_parquet($files) WHERE run_id = $run)
                 GROUP BY ALL)
             ORDER BY bucket_start""",
-        files=list(written),
-        written_ms=list(written.values()),
+        files=files.column("uri").to_pylist(),
+        written_ms=files.column("modification_time").cast(pa.int64()).to_pylist(),
+        width=bucket_seconds(first, last),
         run=run_id,
     ).cast(schema)
 
 
-def _file_write_times(lake: Any, table: str) -> dict[str, int]:
-    """Local file path -> the Delta `add` action's modification time (ms) for the table's files."""
-    if not lake.is_local or not lake.exists(table):
-        return {}
-    actions = pa.table(lake.delta(table).get_add_actions(flatten=True)).select(["path", "modification_time"])
-    paths = actions.column("path").to_pylist()
-    times = actions.column("modification_time").cast(pa.int64()).to_pylist()
-    return {f"{lake.root}/{table}/{p}": int(t) for p, t in zip(paths, times, strict=True)}
+def event_time_extent(lake: Any, run_id: str) -> tuple[dt.datetime, dt.datetime] | None:
+    """The run's first and last `event_time` (None for a run without events).
+
+    Taken from the Delta statistics when every events file that may hold the run holds only it
+    (its `run_id` minimum and maximum are the run), as when one sink serves one run; otherwise
+    from a scan of those files, which the sink may share between runs that arrive together."""
+    files = _run_files(lake, "events", run_id)
+    if not files.num_rows:
+        return None
+    run = pa.scalar(run_id, pa.string())
+    names = ("min.run_id", "max.run_id", "min.event_time", "max.event_time")
+    if all(n in files.column_names for n in names):
+        low_run, high_run, first, last = (files.column(n) for n in names)
+        alone = pc.and_(pc.and_(pc.equal(low_run, run), pc.equal(high_run, run)), pc.is_valid(first))
+        if pc.all(pc.fill_null(alone, False)).as_py():
+            return pc.min(first).as_py(), pc.max(last).as_py()
+    extent = query(
+        lake,
+        f"SELECT min(event_time) AS lo, max(event_time) AS hi FROM {EVENTS} WHERE run_id = $run",
+        run=run_id,
+    ).to_pylist()[0]
+    return None if extent["hi"] is None else (extent["lo"], extent["hi"])
+
+
+def _run_files(lake: Any, table: str, run_id: str) -> pa.Table:
+    """`Lake.file_stats` of the files of `table` whose Delta statistics may hold the run."""
+    files = lake.file_stats(table)
+    may_hold = pa.array(lake.files_within(table, "run_id", run_id, run_id), pa.string())
+    return files.filter(pc.is_in(files.column("uri"), value_set=may_hold))
 
 
 def freshness_s(lake: Any, run_id: str) -> float | None:
     """Seconds since the run's latest event (None for a run without events)."""
-    table = query(
-        lake,
-        f"SELECT epoch(now()) - epoch(max(event_time)) AS s FROM {EVENTS} WHERE run_id = $run",
-        run=run_id,
-    )
-    return table.column("s")[0].as_py()
+    extent = event_time_extent(lake, run_id)
+    return None if extent is None else time.time() - extent[1].timestamp()
 
 
 # -- the report of `trajlake metrics` ---------------------------------------------------------

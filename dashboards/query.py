@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,6 +84,11 @@ def version_join(versions: VersionRange, alias: str) -> str:
 def time_buckets(column: str) -> str:
     """A SELECT expression putting `column` into about TIME_BUCKETS equal buckets of whole seconds."""
     return f"to_timestamp(floor(epoch({column}) / w.width) * w.width) AS bucket_start"
+
+
+def bucket_seconds(first: float, last: float) -> int:
+    """`bucket_width` from a span's first and last epoch seconds, computed outside SQL."""
+    return max(1, math.ceil((last - first + 1) / TIME_BUCKETS))
 
 
 def bucket_width(table: str, column: str, where: str) -> str:

@@ -77,8 +77,8 @@ class Lake:
         self.config = config or LakeConfig()
         self.storage_options = dict(storage_options or _storage_options_from_env())
         self._tables: dict[str, DeltaTable] = {}
-        self._file_stats: dict[str, tuple[int, pa.Table, dict[str, str]]] = {}
-        """name -> (version, its add actions with flattened statistics, file name -> URI)."""
+        self._file_stats: dict[str, tuple[int, pa.Table]] = {}
+        """name -> (version, `file_stats`)."""
         self._evolved: set[str] = set()  # tables whose stored schema has every column of SCHEMAS
         self._lock = threading.RLock()
         self._sql: Any = None
@@ -215,6 +215,26 @@ class Lake:
             return []
         return list(self.delta(name).file_uris())
 
+    def file_stats(self, name: str) -> pa.Table:
+        """The current files of `name`, one row each: `uri`, then the Delta add action's fields
+        (`path`, `size_bytes`, `modification_time`, …) and flattened statistics (`min.<column>`,
+        `max.<column>`, `null_count.<column>`). Read from the log once per table version."""
+        if not self.exists(name):
+            return pa.table({"uri": pa.array([], pa.string())})
+        table = self.delta(name)
+        with self._lock:
+            cached = self._file_stats.get(name)
+            if cached is None or cached[0] != table.version():
+                uris = {uri.rsplit("/", 1)[1]: uri for uri in table.file_uris()}
+                actions = pa.table(table.get_add_actions(flatten=True))
+                paths = actions.column("path").to_pylist()
+                actions = actions.add_column(
+                    0, "uri", pa.array([uris[p.rsplit("/", 1)[-1]] for p in paths], pa.string())
+                )
+                cached = (table.version(), actions)
+                self._file_stats[name] = cached
+        return cached[1]
+
     def files_within(self, name: str, column: str, lo: Any, hi: Any) -> list[str]:
         """Paths of the current files of `name` that may hold a `column` value in [lo, hi].
 
@@ -222,25 +242,15 @@ class Lake:
         a point or range read opens only those files, not the footer of every file: time-ordered
         ids (UUIDv7) and event times put each value in one or two of a long run's files.
         """
-        if not self.exists(name):
-            return []
-        table = self.delta(name)
-        with self._lock:
-            cached = self._file_stats.get(name)
-            if cached is None or cached[0] != table.version():
-                uris = {uri.rsplit("/", 1)[1]: uri for uri in table.file_uris()}
-                cached = (table.version(), pa.table(table.get_add_actions(flatten=True)), uris)
-                self._file_stats[name] = cached
-        _, actions, uris = cached
+        actions = self.file_stats(name)
         low, high = f"min.{column}", f"max.{column}"
         if not actions.num_rows or low not in actions.column_names:
-            return list(uris.values())
+            return actions.column("uri").to_pylist()
         lows, highs = actions.column(low), actions.column(high)
         may_hold = pc.and_kleene(
             pc.less_equal(lows, pa.scalar(hi, lows.type)), pc.greater_equal(highs, pa.scalar(lo, highs.type))
         )
-        paths = actions.column("path").filter(pc.fill_null(may_hold, True)).to_pylist()
-        return [uris[path.rsplit("/", 1)[-1]] for path in paths]
+        return actions.column("uri").filter(pc.fill_null(may_hold, True)).to_pylist()
 
     # -- writes --------------------------------------------------------------------------
     def write_file(self, name: str, data: pa.Table) -> AddAction:

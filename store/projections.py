@@ -427,7 +427,5 @@ def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, i
 
 def _stored_rows(lake: Lake, name: str) -> int:
     """Rows of `name`'s current files, from the Delta log's statistics."""
-    if not lake.exists(name):
-        return 0
-    actions = pa.table(lake.delta(name).get_add_actions(flatten=True))
+    actions = lake.file_stats(name)
     return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0

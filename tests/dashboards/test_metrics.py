@@ -141,6 +141,36 @@ def test_ingest_lag_covers_every_event_of_the_run(dash_lake):
     assert all(0 <= r["lag_p50_s"] <= r["lag_p95_s"] <= r["lag_max_s"] < 600 for r in lag)
 
 
+def test_event_time_extent_and_lag_of_runs_alone_in_their_files_or_sharing_one(tmp_path):
+    """A run alone in its files is read from the Delta statistics, runs sharing a file from a scan:
+    both give the run's first and last event, and the lag counts each of its events once."""
+    import time
+
+    from trajlake.store.lake import Lake
+
+    lake = Lake(tmp_path / "lake")
+    for runs in (["shared-a", "shared-b"], ["alone"]):
+        bus = InProcessBus(partitions=1)
+        for i, run in enumerate(runs * 2):
+            with Recorder(bus, run).start(f"task-{i}") as t:
+                t.turn([4, 5], [-0.1, -0.5], 1, input_token_ids=[1])
+                t.finish("completed")
+        DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    files = lake.file_stats("events").select(["min.run_id", "max.run_id"]).to_pylist()
+    assert sorted(tuple(f.values()) for f in files) == [("alone", "alone"), ("shared-a", "shared-b")]
+    for run in ("shared-a", "shared-b", "alone"):
+        expected = lake.sql(
+            "select min(event_time) as lo, max(event_time) as hi, count(*) as n from events where run_id = $run",
+            {"run": run},
+        ).to_pylist()[0]
+        assert metrics.event_time_extent(lake, run) == (expected["lo"], expected["hi"])
+        since = metrics.freshness_s(lake, run)
+        assert 0 <= since <= time.time() - expected["hi"].timestamp()
+        assert sum(metrics.ingest_lag(lake, run).column("n_events").to_pylist()) == expected["n"]
+    assert metrics.event_time_extent(lake, "no-such-run") is None
+    assert metrics.freshness_s(lake, "no-such-run") is None
+
+
 def test_buffer_composition_counts_each_arrival_and_each_consumed_trajectory_once(dash_lake):
     finished = dash_lake.sql(
         "select count(*) as n from trajectories where run_id = $run and finished", {"run": RUN}
