@@ -38,6 +38,7 @@ from trajlake.dashboards.latency import (
 from trajlake.dashboards.passk import MAX_K, mean_pass_at_k, pass_at_k
 from trajlake.dashboards.query import (
     EVENTS,
+    SCORED,
     TOOL_CALLS,
     TRAJECTORIES,
     TURNS,
@@ -149,30 +150,31 @@ def overview_by_version(
     versions: VersionRange = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> pa.Table:
-    """Per policy version (and run, for several): trajectories, scored ones, mean reward, pass@1 and failure counts."""
-    counts = query(
+    """Per policy version (and run, for several): trajectories, scored ones, mean reward, pass@1 and failure counts.
+
+    pass@1 is the mean over tasks of each task's share of passing scored samples; one scan
+    gives both the per-task outcomes it needs and the counts."""
+    keys = f"{run_key(run_id)}policy_version_min"
+    return query(
         lake,
-        f"""SELECT {run_key(run_id)}policy_version_min AS policy_version, count(*) AS n_trajectories,
-                   count(*) FILTER (WHERE finished AND reward IS NOT NULL
-                                    AND coalesce(failure_origin, '') <> 'system') AS n_scored,
-                   avg(reward) FILTER (WHERE finished AND coalesce(failure_origin, '') <> 'system') AS reward_mean,
-                   count(*) FILTER (WHERE failure_origin = 'system') AS n_system_failures,
-                   count(*) FILTER (WHERE failure_origin = 'model') AS n_model_failures
-            FROM {TRAJECTORIES}
-            WHERE {run_clause(run_id)} AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
-            GROUP BY ALL ORDER BY {run_key(run_id)}policy_version""",
+        f"""WITH per_task AS (
+                SELECT {keys}, task_id, count(*) AS n_trajectories, count(*) FILTER (WHERE {SCORED}) AS n,
+                       count(*) FILTER (WHERE {SCORED} AND reward >= $threshold) AS c,
+                       sum(reward) FILTER (WHERE {SCORED}) AS reward_sum,
+                       count(*) FILTER (WHERE failure_origin = 'system') AS n_system_failures,
+                       count(*) FILTER (WHERE failure_origin = 'model') AS n_model_failures
+                FROM {TRAJECTORIES}
+                WHERE {run_clause(run_id)} AND policy_version_min IS NOT NULL AND {versions_clause(versions)}
+                GROUP BY ALL)
+            SELECT {run_key(run_id)}policy_version_min AS policy_version, sum(n_trajectories)::BIGINT AS n_trajectories,
+                   sum(n)::BIGINT AS n_scored, sum(reward_sum) / nullif(sum(n), 0) AS reward_mean,
+                   sum(n_system_failures)::BIGINT AS n_system_failures,
+                   sum(n_model_failures)::BIGINT AS n_model_failures,
+                   avg(c / n) FILTER (WHERE n > 0) AS pass_at_1
+            FROM per_task GROUP BY ALL ORDER BY {keys}""",
         run=run_id,
+        threshold=float(success_threshold),
     )
-    outcomes = task_outcomes(lake, run_id, versions, success_threshold)
-    keys = ("run_id", "policy_version") if run_key(run_id) else ("policy_version",)
-    by_version: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
-    for row in outcomes.select([*keys, "n", "c"]).to_pylist():
-        by_version.setdefault(tuple(row[k] for k in keys), []).append((row["n"], row["c"]))
-    pass1 = []
-    for key in zip(*(counts.column(k).to_pylist() for k in keys), strict=True):
-        curve = mean_pass_at_k(by_version.get(key, []), ks=[1])
-        pass1.append(curve[0]["pass_at_k"] if curve else None)
-    return counts.append_column("pass_at_1", pa.array(pass1, pa.float64()))
 
 
 # -- entropy ----------------------------------------------------------------------------------
