@@ -447,10 +447,12 @@ def ingest_lag(lake: Any, run_id: str) -> pa.Table:
         [("bucket_start", pa.timestamp("us", tz="UTC")), ("n_events", pa.int64())]
         + [(f"lag_{s}_s", pa.float64()) for s in ("p50", "p95", "max")]
     )
-    extent = event_time_extent(lake, run_id)
-    if not lake.is_local or extent is None:
+    if not lake.is_local:
         return schema.empty_table()
-    files = _run_files(lake, "events", run_id)
+    extent = event_time_extent(lake, run_id)
+    if extent is None:
+        return schema.empty_table()
+    files = lake.file_stats("events", ("run_id", run_id, run_id))
     first, last = (t.timestamp() for t in extent)
     return query(
         lake,
@@ -474,7 +476,7 @@ def event_time_extent(lake: Any, run_id: str) -> tuple[dt.datetime, dt.datetime]
     Taken from the Delta statistics when every events file that may hold the run holds only it
     (its `run_id` minimum and maximum are the run), as when one sink serves one run; otherwise
     from a scan of those files, which the sink may share between runs that arrive together."""
-    files = _run_files(lake, "events", run_id)
+    files = lake.file_stats("events", ("run_id", run_id, run_id))
     if not files.num_rows:
         return None
     run = pa.scalar(run_id, pa.string())
@@ -490,13 +492,6 @@ def event_time_extent(lake: Any, run_id: str) -> tuple[dt.datetime, dt.datetime]
         run=run_id,
     ).to_pylist()[0]
     return None if extent["hi"] is None else (extent["lo"], extent["hi"])
-
-
-def _run_files(lake: Any, table: str, run_id: str) -> pa.Table:
-    """`Lake.file_stats` of the files of `table` whose Delta statistics may hold the run."""
-    files = lake.file_stats(table)
-    may_hold = pa.array(lake.files_within(table, "run_id", run_id, run_id), pa.string())
-    return files.filter(pc.is_in(files.column("uri"), value_set=may_hold))
 
 
 def freshness_s(lake: Any, run_id: str) -> float | None:

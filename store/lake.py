@@ -215,10 +215,13 @@ class Lake:
             return []
         return list(self.delta(name).file_uris())
 
-    def file_stats(self, name: str) -> pa.Table:
+    def file_stats(self, name: str, within: tuple[str, Any, Any] | None = None) -> pa.Table:
         """The current files of `name`, one row each: `uri`, then the Delta add action's fields
         (`path`, `size_bytes`, `modification_time`, …) and flattened statistics (`min.<column>`,
-        `max.<column>`, `null_count.<column>`). Read from the log once per table version."""
+        `max.<column>`, `null_count.<column>`). Read from the log once per table version.
+
+        `within` (column, lo, hi) keeps the files whose statistics may hold a `column` value in
+        [lo, hi] (a file without them is kept)."""
         if not self.exists(name):
             return pa.table({"uri": pa.array([], pa.string())})
         table = self.delta(name)
@@ -233,7 +236,15 @@ class Lake:
                 )
                 cached = (table.version(), actions)
                 self._file_stats[name] = cached
-        return cached[1]
+        actions = cached[1]
+        if within is None or not actions.num_rows or f"min.{within[0]}" not in actions.column_names:
+            return actions
+        column, lo, hi = within
+        lows, highs = actions.column(f"min.{column}"), actions.column(f"max.{column}")
+        may_hold = pc.and_kleene(
+            pc.less_equal(lows, pa.scalar(hi, lows.type)), pc.greater_equal(highs, pa.scalar(lo, highs.type))
+        )
+        return actions.filter(pc.fill_null(may_hold, True))
 
     def files_within(self, name: str, column: str, lo: Any, hi: Any) -> list[str]:
         """Paths of the current files of `name` that may hold a `column` value in [lo, hi].
@@ -242,15 +253,7 @@ class Lake:
         a point or range read opens only those files, not the footer of every file: time-ordered
         ids (UUIDv7) and event times put each value in one or two of a long run's files.
         """
-        actions = self.file_stats(name)
-        low, high = f"min.{column}", f"max.{column}"
-        if not actions.num_rows or low not in actions.column_names:
-            return actions.column("uri").to_pylist()
-        lows, highs = actions.column(low), actions.column(high)
-        may_hold = pc.and_kleene(
-            pc.less_equal(lows, pa.scalar(hi, lows.type)), pc.greater_equal(highs, pa.scalar(lo, highs.type))
-        )
-        return actions.column("uri").filter(pc.fill_null(may_hold, True)).to_pylist()
+        return self.file_stats(name, (column, lo, hi)).column("uri").to_pylist()
 
     # -- writes --------------------------------------------------------------------------
     def write_file(self, name: str, data: pa.Table) -> AddAction:

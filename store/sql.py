@@ -373,7 +373,7 @@ class QueryEngine:
                 if len(self._narrowed) > 256:
                     self._narrowed.clear()
                 some = self.lake.files_within(name, column, lo, hi)
-                self._narrowed[key] = some if len(some) < len(self.lake.files(name)) else None
+                self._narrowed[key] = some if len(some) < self.lake.file_stats(name).num_rows else None
             narrowed = self._narrowed[key]
             if narrowed is not None:
                 files[name] = narrowed
