@@ -9,7 +9,6 @@ import pyarrow.compute as pc
 
 from trajlake.schemas.events import TRAJECTORY_EVENT_TYPES
 from trajlake.store.lake import Lake
-from trajlake.store.sql import placeholders
 
 
 class SeqCache:
@@ -32,12 +31,7 @@ class SeqCache:
         wanted = set(pc.unique(pc.filter(tids, of_trajectories)).to_pylist()) - started - {None, ""}
         missing = [t for t in wanted if t not in self._seqs]
         if missing:
-            stored = self.lake.read(
-                "events",
-                ["trajectory_id", "seq"],
-                where=f"trajectory_id in ({placeholders(len(missing))})",
-                params=missing,
-            )
+            stored = self.lake.read("events", ["trajectory_id", "seq"], among=("trajectory_id", missing))
             for t in missing:
                 self._seqs[t] = set()
             self._add(stored)

@@ -502,6 +502,7 @@ class Lake:
         where: str | None = None,
         params: Sequence[Any] | Mapping[str, Any] | None = None,
         within: tuple[str, Any, Any] | None = None,
+        among: tuple[str, Sequence[Any]] | None = None,
     ) -> pa.Table:
         """Rows of a stored table (no views), optionally projected and filtered with SQL.
 
@@ -512,9 +513,23 @@ class Lake:
             params: DuckDB parameters of `where`.
             within: (column, lo, hi): read only the files that may hold a `column` value in
                 [lo, hi] (`files_within`); `where` must still filter the rows.
+            among: (column, values): only the rows whose `column` is one of `values`, read from
+                the files and row groups whose statistics may hold their range (DuckDB prunes
+                row groups on a range, never on an `IN` list); `params` must be positional.
         """
-        from trajlake.store.sql import read_files
+        from trajlake.store.sql import placeholders, read_files
 
+        if among is not None:
+            column, values = among
+            if not values:
+                return read_files(self, name, columns, "false", None, [])
+            if isinstance(params, Mapping) or within is not None:
+                raise TypeError("read(among=...) takes positional params (`?`) and no `within`")
+            lo, hi = min(values), max(values)
+            where = (f"({where}) and " if where else "") + (
+                f'"{column}" between ? and ? and "{column}" in ({placeholders(len(values))})'
+            )
+            params, within = [*(params or ()), lo, hi, *values], (column, lo, hi)
         files = self.files_within(name, *within) if within else None
         return read_files(self, name, columns, where, params, files)
 

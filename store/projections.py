@@ -38,7 +38,7 @@ from trajlake.schemas.fields import (
 from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
 from trajlake.store.errors import CommitConflict, TxnFenced
-from trajlake.store.sql import connection, placeholders
+from trajlake.store.sql import connection
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -356,9 +356,8 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
     old = sorted(ids - fresh)
     old_rows: dict[str, pa.Table] = {}
     if old:
-        everything = lake.read(
-            "events", EVENT_COLUMNS, where=f"trajectory_id in ({placeholders(len(old))})", params=old
-        )
+        # their earlier events: time-ordered ids keep a live run's in its last few files
+        everything = lake.read("events", EVENT_COLUMNS, among=("trajectory_id", old))
         old_rows = compute(scalarize(everything))
     for name in names:
         rows = fresh_rows[name]

@@ -53,11 +53,12 @@ def read_from_events(lake: Lake, run_id: str, trajectory_ids: Sequence[str]) -> 
     """Token arrays of each trajectory, assembled from its `turn` events."""
     if not trajectory_ids:
         return {}
-    where = f"event_type = 'turn' and run_id = ? and trajectory_id in ({placeholders(len(trajectory_ids))})"
-    # only the files whose Delta statistics may hold an id in the batch's range: time-ordered ids
-    # put a batch in a few of a long run's files, and a scan of all of them reads every footer
-    within = ("trajectory_id", min(trajectory_ids), max(trajectory_ids))
-    return assemble(lake.read("events", TURN_COLUMNS, where, [run_id, *trajectory_ids], within=within))
+    # only the files and row groups whose statistics may hold an id in the batch's range:
+    # time-ordered ids put a batch in a few of a long run's files, and in a few of their row groups
+    among = ("trajectory_id", trajectory_ids)
+    return assemble(
+        lake.read("events", TURN_COLUMNS, "event_type = 'turn' and run_id = ?", [run_id], among=among)
+    )
 
 
 def assemble(turns: pa.Table) -> dict[str, TokenArrays]:

@@ -1,5 +1,6 @@
 """Reads that open only the files that may hold what they look for, by the Delta log's statistics:
-one trajectory by id (`Lake.trajectory`) and a span of event times (`Lake.read(within=...)`)."""
+one trajectory by id (`Lake.trajectory`), a span of event times (`Lake.read(within=...)`) and the
+rows of some ids (`Lake.read(among=...)`)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,40 @@ def test_event_times_are_in_the_delta_log_so_a_span_reads_its_own_files(many_fil
     assert last["trajectory_id"] in rows.column(0).to_pylist()
     after = last["hi"] + timedelta(days=1)
     assert many_files.files_within("events", "event_time", after, after) == []
+
+
+def test_rows_among_some_ids_are_read_from_the_files_of_their_range_and_equal_an_unpruned_read(
+    many_files, monkeypatch
+):
+    from trajlake.store import sql
+
+    every = ids(many_files)
+    chosen = every[-7:-1:2]  # three late trajectories: their range spans the last commits' files
+    opened: list[list[str] | None] = []
+    real = sql.read_files
+
+    def spy(lake, name, columns, where, params, files):
+        opened.append(files)
+        return real(lake, name, columns, where, params, files)
+
+    monkeypatch.setattr(sql, "read_files", spy)
+    columns, order = (
+        ["trajectory_id", "seq", "event_type"],
+        [("trajectory_id", "ascending"), ("seq", "ascending")],
+    )
+    among = many_files.read("events", columns, "run_id = ?", [RUN], among=("trajectory_id", chosen))
+    unpruned = many_files.read(
+        "events", columns, "run_id = ? and trajectory_id in (?, ?, ?)", [RUN, *chosen]
+    )  # fmt: skip
+    assert set(among.column("trajectory_id").to_pylist()) == set(chosen)
+    assert among.sort_by(order).to_pylist() == unpruned.sort_by(order).to_pylist()
+    assert opened[0] == many_files.files_within("events", "trajectory_id", min(chosen), max(chosen))
+    assert len(opened[0]) < len(many_files.files("events"))
+    assert many_files.read("events", columns, among=("trajectory_id", [])).num_rows == 0
+    with pytest.raises(TypeError, match="positional"):
+        many_files.read("events", columns, "run_id = $run", {"run": RUN}, among=("trajectory_id", chosen))
+    with pytest.raises(TypeError, match="no `within`"):
+        many_files.read("events", columns, within=("seq", 0, 1), among=("trajectory_id", chosen))
 
 
 def test_a_query_within_a_run_reads_only_that_runs_files_and_gives_the_same_figures(many_files):
