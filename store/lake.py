@@ -79,6 +79,7 @@ class Lake:
         self._tables: dict[str, DeltaTable] = {}
         self._file_stats: dict[str, tuple[int, pa.Table]] = {}
         """name -> (version, `file_stats`)."""
+        self._mixed: dict[str, tuple[int, bool]] = {}  # table -> (version, may_mix_schemas at it)
         self._evolved: set[str] = set()  # tables whose stored schema has every column of SCHEMAS
         self._lock = threading.RLock()
         self._sql: Any = None
@@ -182,7 +183,12 @@ class Lake:
 
     def may_mix_schemas(self, name: str) -> bool:
         """True once `name` gained columns after files were written: older files lack them."""
-        return self._snapshot(name).transaction_version(EVOLVED_APP_ID) is not None
+        table = self._snapshot(name)
+        version = table.version()
+        known = self._mixed.get(name)
+        if known is None or known[0] != version:  # delta-rs looks the txn up in 1-5 ms a call (40 commits)
+            known = self._mixed[name] = (version, table.transaction_version(EVOLVED_APP_ID) is not None)
+        return known[1]
 
     def _evolve(self, name: str) -> None:
         """Add the columns of `SCHEMAS[name]` that the stored table lacks (nullable, at the end).
