@@ -1,4 +1,4 @@
-"""`trajlake compact`: fewer files, the same rows, no lost bytes-per-token, and a retention guard."""
+"""`trajlake compact`: fewer files, the same rows, no lost bytes-per-token, a checkpoint, and a retention guard."""
 
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ def test_compact_merges_files_and_keeps_every_row(tmp_path) -> None:
     assert lake.sql("select sum(len(token_ids)) from trajectories").column(0)[0].as_py() == tokens
     size_after = (tmp_path / "lake" / "events" / lake.files("events")[0].rsplit("/", 1)[1]).stat().st_size
     assert size_after <= size_before * 1.05  # compaction keeps the compact layout of token payloads
+    for table in before:  # readers open the compacted table from a checkpoint, replaying no commit
+        log = tmp_path / "lake" / table / "_delta_log"
+        assert json.loads((log / "_last_checkpoint").read_text())["version"] == lake.version(table)
 
 
 @pytest.mark.integration  # runs the trajlake CLI in processes
