@@ -74,8 +74,8 @@ class _KafkaShaped(InProcessBus):
         return Packing(kafka_partition_of(partitions), self.pack_bytes) if self.pack_bytes else None
 
 
-PACKED_BYTES = 256 * 1024
-"""The pack size of the `*_packed` variants when --pack-bytes is 0 (the default: no packing)."""
+PACKED_BYTES = KafkaConfig.model_fields["pack_bytes"].default
+"""The pack size of the `*_packed` variants when --pack-bytes is 0."""
 
 
 def workload(trajectories: int, pack_bytes: int = 0) -> tuple[list[Message], pa.Table, int]:

@@ -39,6 +39,9 @@ from trajlake.schemas.retry import BackoffPolicy, backoff_delay, wait_until
 
 log = logging.getLogger(__name__)
 
+OUTAGE_NOTICE_S = 5.0
+"""How long a flush waits on unacknowledged messages before it reports the broker not answering."""
+
 
 class KafkaBus(Bus):
     """Publishes to and consumes from one Kafka topic (a consumer group member once it polls)."""
@@ -309,7 +312,7 @@ class KafkaBus(Bus):
         deadline = time.monotonic() + timeout_s
         self._ensure_spool()  # also adopts what a dead producer left on disk
         if self._producer is not None:
-            self._producer.flush(timeout=timeout_s)
+            self._flush_producer(timeout_s)
         if self._spool is not None and len(self._spool) and timeout_s > 0:
             log.warning(
                 "waiting up to %.0f s for Kafka at %s to take %d spooled messages (TRAJLAKE_KAFKA_DELIVERY_TIMEOUT_S)",
@@ -330,6 +333,30 @@ class KafkaBus(Bus):
                 timeout_s,
                 self._ensure_spool().directory,
             )
+
+    def _flush_producer(self, timeout_s: float) -> None:
+        """kafka-python's flush, which retries a broker that went away without a word until each
+        message's delivery timeout: after `OUTAGE_NOTICE_S` of waiting it says so, once."""
+        from kafka.errors import KafkaTimeoutError
+
+        notice = min(OUTAGE_NOTICE_S, timeout_s)
+        try:
+            self._producer.flush(timeout=notice)
+            return
+        except KafkaTimeoutError:
+            if timeout_s <= notice:
+                raise
+        with self._lock:
+            waiting = len(self._inflight)
+        log.warning(
+            "Kafka at %s unreachable or slow: %d messages unacknowledged after %.0f s; the producer "
+            "retries each until %.0f s after it was sent (TRAJLAKE_KAFKA_DELIVERY_TIMEOUT_S), then spools it",
+            self.config.bootstrap,
+            waiting,
+            notice,
+            self.config.delivery_timeout_s,
+        )
+        self._producer.flush(timeout=timeout_s - notice)
 
     def spooled(self) -> int:
         """Messages waiting in the disk spool."""

@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
+from tests.fixtures.kafka import sink_topic
 from trajlake.ingest import chunking, codec
 from trajlake.ingest.bus.base import Message
 from trajlake.ingest.bus.kafka import KafkaBus, create_topic
 from trajlake.ingest.config import KafkaConfig
-from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.schemas import make_event
 from trajlake.store.lake import Lake
 
@@ -131,11 +131,7 @@ def test_every_bad_message_is_a_dead_letter_with_a_reason_and_every_good_one_is_
     finally:
         bus.close()
 
-    consumer = KafkaBus(config)
-    try:
-        DeltaSink(lake, consumer, SinkConfig(chunk_max_gap=20, max_latency_s=0.5)).run(until_idle_s=2.0)
-    finally:
-        consumer.close()
+    sink_topic(lake, config, chunk_max_gap=20, max_latency_s=0.5)
 
     stored = lake.sql("select event_id from events").column("event_id").to_pylist()
     assert sorted(stored) == sorted(e["event_id"] for e in good)

@@ -7,9 +7,9 @@ import uuid
 import numpy as np
 import pytest
 
+from tests.fixtures.kafka import sink_topic
 from trajlake.ingest.bus.kafka import KafkaBus
 from trajlake.ingest.config import KafkaConfig
-from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.schemas import make_event
 from trajlake.store.lake import Lake
 
@@ -46,11 +46,7 @@ def test_a_200k_token_turn_is_split_and_stored_intact(lake: Lake, kafka_topic: K
         assert bus.chunked_total == 1  # it did not fit in one message
     finally:
         bus.close()
-    consumer = KafkaBus(kafka_topic)
-    try:
-        DeltaSink(lake, consumer, SinkConfig(max_latency_s=0.2)).run(until_idle_s=2.0)
-    finally:
-        consumer.close()
+    sink_topic(lake, kafka_topic)
     row = lake.read("events", where="event_type = 'turn'").to_pylist()
     assert len(row) == 1
     assert row[0]["output_token_ids"] == ids

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fixtures.kafka import sink_topic
 from trajlake.ingest.broker import BrokerConfig, free_port, start_broker, stop_broker
 from trajlake.ingest.bus.kafka import KafkaBus
 from trajlake.ingest.config import KafkaConfig
@@ -74,3 +75,43 @@ def test_events_sent_while_the_broker_is_down_are_spooled_then_delivered(
     assert series[("trajlake_producer_spooled_messages_total", "spooled")] >= stats.spooled_total
     assert series[("trajlake_producer_redelivered_messages_total", "spooled")] >= delivered
     assert series[("trajlake_producer_spool_waiting_messages", "spooled")] == 0
+
+
+def test_a_flush_waiting_on_a_broker_that_went_away_says_so_then_delivers_once_it_is_back(
+    lake: Lake, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from trajlake.ingest.broker import kill_broker
+    from trajlake.ingest.bus.kafka import OUTAGE_NOTICE_S, create_topic
+    from trajlake.schemas.retry import wait_until
+    from trajlake.schemas.threads import run_in_thread
+
+    broker = BrokerConfig(port=free_port(), data_dir=tmp_path / "broker", partitions=2)
+    config = KafkaConfig(
+        bootstrap=start_broker(broker), topic="outage", partitions=2, spool_dir=tmp_path / "spool"
+    )
+    small = {"trajectories": 20, "prompt_tokens": 8, "output_tokens": 8}
+    try:
+        create_topic(config)
+        producer = KafkaBus(config)
+        produced = generate(producer, LoadgenConfig(**small)).events
+        kill_broker(broker.data_dir)
+        caplog.set_level(logging.WARNING, logger="trajlake.ingest.bus.kafka")
+        # packed, the second batch fits the producer's buffer: nothing blocks or spools, and
+        # kafka-python retries it until the delivery timeout (120 s) with nothing said but this
+        job = run_in_thread(
+            lambda: generate(producer, LoadgenConfig(**small, seed=1, first_group=100)), name="producer"
+        )
+        said = wait_until(
+            lambda: "unacknowledged after" in caplog.text, timeout_s=OUTAGE_NOTICE_S + 30, interval_s=0.1
+        )
+        assert said, caplog.text
+        assert not job.done()  # still waiting for the broker, not given up
+        start_broker(broker)
+        produced += job.result(timeout=120).events
+        assert producer.spooled() == 0
+        producer.close()
+        sink_topic(lake, config)
+    finally:
+        stop_broker(broker.data_dir)
+    row = lake.sql("select count(*) as n, count(distinct event_id) as d from events").to_pylist()[0]
+    assert (row["n"], row["d"]) == (produced, produced)
