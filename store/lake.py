@@ -521,7 +521,7 @@ class Lake:
                 [lo, hi] (`files_within`); `where` must still filter the rows.
             among: (column, values): only the rows whose `column` is one of `values`, read from
                 the files and row groups whose statistics may hold their range (DuckDB prunes
-                row groups on a range, never on an `IN` list); `params` must be positional.
+                row groups on a range, not on an `IN` list of hundreds); `params` must be positional.
         """
         from trajlake.store.sql import placeholders, read_files
 
