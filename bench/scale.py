@@ -20,7 +20,9 @@ process (so its peak RSS is the step's own), it measures:
   rebuild_s, compact_s    `rebuild` of every projection and `compact` (optimize, no vacuum), each
                           checked to leave the run's aggregates unchanged (so every size after the
                           first starts from a compacted lake, as a run compacted now and then)
-  peak_rss_mb             peak RSS of the step's process (growth and every measurement)
+  peak_rss_mb             peak RSS of the step's process (growth and every measurement);
+                          rss_after_<phase>_mb is the peak so far after ingest (and catch-up), the
+                          SQL aggregates, the pages, the sampler and rebuild, to say which raised it
   events_commits, files, lake_bytes_per_token   Delta commits of `events`, data files of every
                           table and the live bytes of every table (data files and Delta log) per
                           token, as ingest left them
@@ -237,6 +239,11 @@ def live_bytes(lake: Any, tables: tuple[str, ...]) -> int:
     return data + sum(f.stat().st_size for log in logs if log.exists() for f in log.iterdir() if f.is_file())
 
 
+def peak_rss_mb() -> float:
+    """The process's peak RSS so far, in MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def step(root: Path, target_tokens: float, shape: str, workdir: Path) -> dict[str, float]:
     """Grow the lake at `root` to `target_tokens`, then measure every figure at that size."""
     from trajlake.store import projections
@@ -250,6 +257,7 @@ def step(root: Path, target_tokens: float, shape: str, workdir: Path) -> dict[st
     added, sink_s = grow(lake, state, target_tokens, shape)
     fig: dict[str, float] = {"ingest_tokens_per_s": added / sink_s if sink_s else float("nan")}
     fig["catch_up_s"] = catch_up(lake, state, shape)
+    fig["rss_after_ingest_mb"] = peak_rss_mb()
     state_file.write_text(json.dumps(state))
     fig["tokens"], fig["trajectories"] = state["tokens"], state["trajectories"]
     oldest = (
@@ -277,21 +285,25 @@ def step(root: Path, target_tokens: float, shape: str, workdir: Path) -> dict[st
         fig[f"sql_{name}_s"] = timed(lambda q=query: lake.sql(q, {"run": RUN}))
     lake.close()
     fig["slowest_sql_s"] = max(fig[f"sql_{n}_s"] for n in SQL)
+    fig["rss_after_sql_mb"] = peak_rss_mb()
     for page, seconds in pages(root).items():
         fig[f"page_{page}_s"] = seconds
     fig["slowest_page_s"] = max(v for k, v in fig.items() if k.startswith("page_"))
+    fig["rss_after_pages_mb"] = peak_rss_mb()
     fig["metrics_s"] = metrics_seconds(root)
     fig["sampler_batch_s"], fig["lease_round_trip_s"] = sampler_figures(root, workdir, latest)
+    fig["rss_after_sampler_mb"] = peak_rss_mb()
 
     lake = Lake(root)
     fig["rebuild_s"] = timed(lambda: projections.rebuild(lake))
     lake.close()
     unchanged(root, before, "rebuild")
+    fig["rss_after_rebuild_mb"] = peak_rss_mb()
     lake = Lake(root)
     fig["compact_s"] = timed(lambda: compact(lake, vacuum=False))
     lake.close()
     unchanged(root, before, "compact")
-    fig["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    fig["peak_rss_mb"] = peak_rss_mb()
     return fig
 
 
