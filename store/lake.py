@@ -122,8 +122,23 @@ class Lake:
                 table = self._open(name, create)
                 self._tables[name] = table
             else:
-                table.update_incremental()
+                self._catch_up(name, table)
             return table
+
+    def _catch_up(self, name: str, table: DeltaTable) -> None:
+        """Load into `table` the commits written since its version.
+
+        In a local lake a commit is the file `_delta_log/<version + 1>.json` appearing (Delta
+        writes it put-if-absent), so one `stat` says whether there is any: 8 µs where delta-rs
+        lists the log in 0.3 ms, and a sink commit or a query engine checks every table. Log
+        cleanup only removes commit files older than `delta.logRetentionDuration` (30 days by
+        default), so the next one stays there for any reader newer than that.
+        """
+        if self.is_local and not os.path.exists(
+            f"{self.uri(name)}/_delta_log/{table.version() + 1:020d}.json"
+        ):
+            return
+        table.update_incremental()
 
     def _open(self, name: str, create: bool) -> DeltaTable:
         uri = self.uri(name)
@@ -135,7 +150,9 @@ class Lake:
                 if not create:
                     raise LakeError(f"table {name} does not exist yet at {uri}", table_uri=uri) from None
             with contextlib.suppress(CommitFailedError):  # another writer created it first
-                DeltaTable.create(uri, SCHEMAS[name], mode="ignore", storage_options=options, name=name)
+                return DeltaTable.create(
+                    uri, SCHEMAS[name], mode="ignore", storage_options=options, name=name
+                )
             return DeltaTable(uri, storage_options=options)
 
     @contextlib.contextmanager
@@ -210,7 +227,7 @@ class Lake:
                         commit_properties=CommitProperties(app_transactions=[marker]),
                     )
                 except CommitFailedError:  # another writer evolved it first
-                    table.update_incremental()
+                    self._catch_up(name, table)
                     if set(SCHEMAS[name].names) - set(table.schema().to_arrow().names):
                         raise
             self._evolved.add(name)
@@ -391,7 +408,7 @@ class Lake:
             )
         except CommitFailedError as err:
             raise CommitConflict(f"commit to {name} failed: {err}", table_uri=self.uri(name)) from err
-        table.update_incremental()
+        self._catch_up(name, table)
         return table.version()
 
     def check_txns(self, name: str, expect_txns: Mapping[str, int | None]) -> DeltaTable:
@@ -445,7 +462,7 @@ class Lake:
             raise CommitConflict(
                 f"commit to {name} kept losing races with other writers", table_uri=self.uri(name)
             ) from None
-        table.update_incremental()
+        self._catch_up(name, table)
         return table.version()
 
     def append(self, name: str, data: pa.Table, app_transactions: Mapping[str, int] | None = None) -> int:
@@ -497,7 +514,7 @@ class Lake:
             merge(table, COMMIT_RETRIES)
         except CommitFailedError as err:
             raise CommitConflict(f"merge into {name} failed: {err}", table_uri=self.uri(name)) from err
-        table.update_incremental()
+        self._catch_up(name, table)
         return table.version()
 
     # -- reads ---------------------------------------------------------------------------
