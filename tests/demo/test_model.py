@@ -6,7 +6,6 @@ import json
 
 import pytest
 from tokenizers import Tokenizer
-from transformers import AutoConfig, AutoTokenizer
 
 from trajlake.cli import main
 from trajlake.demo.model import (
@@ -21,11 +20,12 @@ from trajlake.demo.model import (
 )
 
 
-def test_model_init_writes_a_qwen2_model_with_a_chat_tokenizer(model_dir):
+def test_model_init_writes_a_qwen2_model_with_a_chat_tokenizer(model_dir, tokenizer):
+    from transformers import AutoConfig
+
     config = AutoConfig.from_pretrained(str(model_dir))
     assert config.architectures == ["Qwen2ForCausalLM"]
     assert config.hidden_size // config.num_attention_heads >= 32  # vLLM's CPU attention needs it
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     assert type(tokenizer).__name__ == "Qwen2Tokenizer"
     assert len(tokenizer) <= 400 and config.vocab_size == len(tokenizer)
     assert tokenizer.eos_token == "<|im_end|>"
@@ -35,8 +35,8 @@ def test_model_init_writes_a_qwen2_model_with_a_chat_tokenizer(model_dir):
     assert summary["config"]["seed"] == 3
 
 
-def test_auto_tokenizer_and_tokenizers_encode_every_probe_identically(model_dir):
-    auto = AutoTokenizer.from_pretrained(str(model_dir))
+def test_auto_tokenizer_and_tokenizers_encode_every_probe_identically(model_dir, tokenizer):
+    auto = tokenizer
     raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     for text in probe_texts(auto):
         ids = auto.encode(text, add_special_tokens=False)
@@ -44,8 +44,7 @@ def test_auto_tokenizer_and_tokenizers_encode_every_probe_identically(model_dir)
         assert auto.decode(ids) == __import__("unicodedata").normalize("NFC", text)  # lossless after NFC
 
 
-def test_a_tool_call_without_arguments_is_one_token_and_parses_as_the_template_renders_it(model_dir):
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+def test_a_tool_call_without_arguments_is_one_token_and_parses_as_the_template_renders_it(tokenizer):
     messages = [{"role": "user", "content": "calc 1 + 2"},
                 {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc", "arguments": {}}}]}]  # fmt: skip
     rendered = tokenizer.apply_chat_template(messages, tokenize=False)
