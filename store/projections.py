@@ -51,6 +51,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     "tool_calls": ("run_id", "trajectory_id", "call_id"),
 }
 
+REVISED = frozenset({"trajectories", "tool_calls"})
+"""The projections whose rows a trajectory's later events change (merged); the others only grow."""
+
 _ANY = object()
 
 
@@ -229,27 +232,38 @@ def scalarize(events: pa.Table) -> pa.Table:
     )
 
 
-def compute(events: pa.Table | None, con: duckdb.DuckDBPyConnection | None = None) -> dict[str, pa.Table]:
-    """All projection rows derived from `events` (which must hold whole trajectories).
+def compute(
+    events: pa.Table | None,
+    con: duckdb.DuckDBPyConnection | None = None,
+    names: Iterable[str] = PROJECTION_TABLES,
+) -> dict[str, pa.Table]:
+    """The rows of projections `names` (all by default) derived from `events` (which must hold
+    whole trajectories).
 
     With `events=None`, `con` must already have a view `e` over the events to project.
     """
+    names = set(names)
     own = con is None
     con = con or connection()
     try:
         if events is not None:
             con.register("e", events)
         out: dict[str, pa.Table] = {}
-        out["turns"] = con.sql(TURNS_SQL).to_arrow_table()
-        out["tool_calls"] = con.sql(TOOL_CALLS_SQL).to_arrow_table()
-        con.register("tool_calls_rows", out["tool_calls"])
-        out["trajectories"] = con.sql(TRAJECTORIES_SQL).to_arrow_table()
-        out["policy_versions"] = con.sql(POLICY_VERSIONS_SQL).to_arrow_table()
-        out["batch_consumption"] = con.sql(BATCH_CONSUMPTION_SQL).to_arrow_table()
-        con.unregister("tool_calls_rows")
+        if "turns" in names:
+            out["turns"] = con.sql(TURNS_SQL).to_arrow_table()
+        if names & {"tool_calls", "trajectories"}:  # a trajectory counts its tool calls
+            out["tool_calls"] = con.sql(TOOL_CALLS_SQL).to_arrow_table()
+        if "trajectories" in names:
+            con.register("tool_calls_rows", out["tool_calls"])
+            out["trajectories"] = con.sql(TRAJECTORIES_SQL).to_arrow_table()
+            con.unregister("tool_calls_rows")
+        if "policy_versions" in names:
+            out["policy_versions"] = con.sql(POLICY_VERSIONS_SQL).to_arrow_table()
+        if "batch_consumption" in names:
+            out["batch_consumption"] = con.sql(BATCH_CONSUMPTION_SQL).to_arrow_table()
         if events is not None:
             con.unregister("e")
-        return {name: _sorted(name, _conform(name, table)) for name, table in out.items()}
+        return {name: _sorted(name, _conform(name, table)) for name, table in out.items() if name in names}
     finally:
         if own:
             con.close()
@@ -358,10 +372,10 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
     if old:
         # their earlier events: time-ordered ids keep a live run's in its last few files
         everything = lake.read("events", EVENT_COLUMNS, among=("trajectory_id", old))
-        old_rows = compute(scalarize(everything))
+        old_rows = compute(scalarize(everything), names=REVISED & set(names))
     for name in names:
         rows = fresh_rows[name]
-        if name in ("trajectories", "tool_calls") and old:
+        if name in REVISED and old:
             keep = pc.invert(pc.is_in(rows.column("trajectory_id"), pa.array(old)))
             rows = pa.concat_tables([rows.filter(keep), old_rows[name]])
             lake.upsert(name, rows, KEYS[name], txn, expect_txns=expect)
