@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -55,14 +57,35 @@ def drain(lake: Lake, bus: InProcessBus):
     return _drain
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """`build(path)` run once per pytest run, then shared read-only by every xdist worker.
+
+    The first worker to ask builds it in the run's common temporary directory while the others wait
+    on a file lock; a worker whose build failed leaves no marker, so the next one tries again.
+    """
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # popen-gw0, popen-gw1, … share their parent
+    target, done = base / f"shared-{name}", base / f"shared-{name}.done"
+    with open(base / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            build(target)
+            done.touch()
+    return target
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
     """The tiny Qwen2 chat model `trajlake model init` writes (shared: read it, never change it)."""
     from trajlake.cli import main
 
-    target = tmp_path_factory.mktemp("model") / "tiny"
-    assert main(["model", "init", str(target), "--vocab-size", "400", "--seed", "3"]) == 0
-    return target
+    def init(root: Path) -> None:
+        assert main(["model", "init", str(root / "tiny"), "--vocab-size", "400", "--seed", "3"]) == 0
+
+    return built_once(tmp_path_factory, "model", init) / "tiny"
 
 
 @pytest.fixture(scope="session")
