@@ -120,9 +120,15 @@ def run_compact(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     assert report is not None
     for name in report.files_removed:
+        raced = report.files_raced.get(name, 0)
         print(
             f"{name}: {report.files_removed[name]} files merged into {report.files_added[name]}, "
             f"{report.vacuumed.get(name, 0)} files vacuumed"
+            + (
+                f", {raced} left as another writer rewrote them meanwhile (run compact again)"
+                if raced
+                else ""
+            )
         )
     return 0
 
@@ -131,4 +137,5 @@ def _merge_reports(a: Any, b: Any) -> Any:
     a.files_removed.update(b.files_removed)
     a.files_added.update(b.files_added)
     a.vacuumed.update(b.vacuumed)
+    a.files_raced.update(b.files_raced)
     return a

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pyarrow.dataset as ds
 from deltalake.transaction import AddAction, RemoveAction
 
-from trajlake.store.errors import LakeError
+from trajlake.store.errors import CommitConflict, LakeError
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -34,6 +34,9 @@ class CompactionReport:
     files_removed: dict[str, int] = field(default_factory=dict)
     files_added: dict[str, int] = field(default_factory=dict)
     vacuumed: dict[str, int] = field(default_factory=dict)
+    files_raced: dict[str, int] = field(default_factory=dict)
+    """Files left as they were because another writer replaced some of their bin meanwhile (a
+    concurrent compaction, or a sink's merge); the next run merges what is left."""
 
 
 def check_retention(retention_hours: int, allow_short: bool) -> None:
@@ -60,15 +63,19 @@ def _bins(sizes: list[tuple[str, int]], target: int) -> list[list[str]]:
     return [b for b in bins if len(b) > 1]
 
 
-def optimize(lake: Lake, name: str, target_bytes: int = TARGET_FILE_BYTES) -> tuple[int, int]:
-    """Merge the small files of one table; return (files removed, files added)."""
+def optimize(lake: Lake, name: str, target_bytes: int = TARGET_FILE_BYTES) -> tuple[int, int, int]:
+    """Merge the small files of one table; return (files removed, files added, files raced).
+
+    A bin whose files another writer replaced while it was merged (`CommitConflict`) is left
+    as the other writer made it: committing it would bring back rows already rewritten.
+    """
     from trajlake.store.lake import SCHEMAS
 
     fs, root = lake.filesystem()
     table_root = f"{root}/{name}"
     infos = fs.get_file_info([f"{table_root}/{uri.rsplit('/', 1)[1]}" for uri in lake.files(name)])
     small = sorted((i.path, i.size) for i in infos if i.size < target_bytes)
-    removed = added = 0
+    removed = added = raced = 0
     for group in _bins(small, target_bytes):
         # streamed a batch at a time, with the table's full schema (a file older than a column
         # gets it, as null): reading a whole bin of events held 8.4 GB on a 1.8 GB lake
@@ -78,10 +85,15 @@ def optimize(lake: Lake, name: str, target_bytes: int = TARGET_FILE_BYTES) -> tu
         add = AddAction(written.path, written.size, {}, written.modification_time, False, written.stats)
         now = int(time.time() * 1000)
         removes = [RemoveAction(p.rsplit("/", 1)[1], False, now, size) for p, size in small if p in group]
-        lake.commit(name, [add, *removes])
+        try:
+            lake.replace_files(name, [add], removes)
+        except CommitConflict:
+            fs.delete_file(f"{table_root}/{written.path}")  # never committed: no reader knows it
+            raced += len(group)
+            continue
         removed += len(group)
         added += 1
-    return removed, added
+    return removed, added, raced
 
 
 def compact(
@@ -99,7 +111,7 @@ def compact(
     for name in tables or TABLES:
         if not lake.exists(name):
             continue
-        report.files_removed[name], report.files_added[name] = optimize(lake, name)
+        report.files_removed[name], report.files_added[name], report.files_raced[name] = optimize(lake, name)
         if vacuum:
             deleted = lake.delta(name).vacuum(
                 retention_hours=retention_hours,

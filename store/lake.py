@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Field, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake.schemas.events import EVENTS_SCHEMA
 from trajlake.schemas.retry import retrying
@@ -410,6 +410,32 @@ class Lake:
             raise CommitConflict(f"commit to {name} failed: {err}", table_uri=self.uri(name)) from err
         self._catch_up(name, table)
         return table.version()
+
+    def replace_files(self, name: str, added: Sequence[AddAction], removed: Sequence[RemoveAction]) -> int:
+        """Commit `added` in place of the files `removed` (the same rows, rewritten) in one Delta
+        transaction; return the version.
+
+        It lands only on a snapshot that still holds every removed file, else `CommitConflict`:
+        another compaction replaced them first, and committing these rows again would duplicate
+        them (Delta itself takes a remove of a file that is already gone).
+        """
+        self._evolve(name)
+        props = CommitProperties(max_commit_retries=0)
+        wanted = {action.path for action in removed}
+
+        def write(table: DeltaTable) -> None:
+            present = {uri.rsplit("/", 1)[1] for uri in table.file_uris()}
+            if gone := sorted(wanted - present):
+                raise CommitConflict(
+                    f"{len(gone)} of the {len(wanted)} files this commit replaces in {name} were "
+                    f"replaced by another writer first (e.g. {gone[0]}); nothing was committed, run it again",
+                    table_uri=self.uri(name),
+                )
+            table.create_write_transaction(
+                [*added, *removed], mode="append", schema=SCHEMAS[name], commit_properties=props
+            )
+
+        return self._fenced(name, {}, write)
 
     def check_txns(self, name: str, expect_txns: Mapping[str, int | None]) -> DeltaTable:
         """The up-to-date table, after checking each app id still has the expected version."""

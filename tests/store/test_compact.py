@@ -6,12 +6,15 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from deltalake.transaction import RemoveAction
 
 from tests.helpers import trajlake
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.store.compact import optimize
 from trajlake.store.config import LakeConfig
+from trajlake.store.errors import CommitConflict
 from trajlake.store.lake import Lake
 
 
@@ -73,3 +76,33 @@ def test_a_streamed_file_holds_every_row_in_row_groups_with_the_stats_of_one_wri
     stored = pq.ParquetFile(tmp_path / "lake" / "events" / streamed.path)
     assert stored.metadata.num_row_groups == -(-events.num_rows // 1024)
     assert stored.read().equals(pq.read_table(tmp_path / "lake" / "events" / whole.path))
+
+
+def test_two_compactions_of_the_same_files_conflict_instead_of_duplicating_rows(tmp_path) -> None:
+    """A second compactor that merged the same files on an older snapshot must not commit them again."""
+    root = tmp_path / "lake"
+    first = Lake(root)
+    bus = InProcessBus()
+    for seed in range(3):
+        generate(bus, LoadgenConfig(trajectories=10, seed=seed, run_id=f"r{seed}"))
+        DeltaSink(first, bus, SinkConfig()).run(until_idle_s=0)
+    rows = first.read("events").num_rows
+    originals = [uri.rsplit("/", 1)[1] for uri in first.files("events")]
+    assert len(originals) == 3
+    second = Lake(root)
+    write_batches = second.write_batches
+
+    def race(name, batches):  # while the second merges its bin, the first compacts the same files
+        written = write_batches(name, batches)
+        assert optimize(first, name) == (3, 1, 0)
+        return written
+
+    second.write_batches = race  # type: ignore[method-assign]
+    assert optimize(second, "events") == (0, 0, 3)
+    with pytest.raises(CommitConflict, match="replaced by another writer first"):
+        second.replace_files("events", [], [RemoveAction(originals[0], False, 0)])
+    reader = Lake(root)
+    assert len(reader.files("events")) == 1
+    assert len(list((root / "events").glob("*.parquet"))) == 3 + 1  # the loser's merged file is gone
+    assert reader.read("events").num_rows == rows
+    assert reader.sql("select count(*) from trajectories").column(0)[0].as_py() == 30
