@@ -25,8 +25,8 @@ test:  ## the README's test command: services + the whole suite
 # Bytecode caches stay on for the unit tests even where PYTHONDONTWRITEBYTECODE is set: without
 # them the controller and every xdist worker compile each trajlake and test module again
 # (about 9 of a run's 99 CPU-seconds on 2 cores).
-unit:  ## the unit tests alone (no servers), on every core
-	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -m "not integration" -n auto
+unit:  ## the unit tests alone (no servers), a worker per core (pyproject's addopts)
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -m "not integration"
 
 bench:  ## every benchmark in quick mode, figures under bench/results/
 	@mkdir -p bench/results

@@ -36,6 +36,7 @@ eval "$(scripts/services.sh up "$venv" "$state")"
 
 export RAY_USAGE_STATS_ENABLED=0 PYTHONDONTWRITEBYTECODE=1
 status=0
-"$venv/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
+# one process (-n 0 over pyproject's worker per core): the integration tests share these servers
+"$venv/bin/python" -m pytest -p no:cacheprovider -n 0 "$@" || status=$?
 if [ "$status" = 5 ]; then echo "pytest collected no tests: that is a failure" >&2; fi
 exit "$status"
