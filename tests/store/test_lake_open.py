@@ -1,0 +1,43 @@
+"""Opening tables of a local lake: whether one exists, and catching up on other writers' commits."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from trajlake.store.errors import LakeError
+from trajlake.store.lake import Lake
+
+
+def one_row(i: int) -> pa.Table:
+    return pa.table({"run_id": ["r"], "step": [i], "trainer_version": [i], "rank": [0]})
+
+
+def test_a_reader_sees_every_commit_another_writer_makes(tmp_path) -> None:
+    writer, reader = Lake(tmp_path / "lake"), Lake(tmp_path / "lake")
+    assert not reader.exists("trainer_steps") and reader.version("trainer_steps") == -1
+    for i in range(3):
+        writer.append("trainer_steps", one_row(i))
+        assert reader.exists("trainer_steps")
+        assert reader.version("trainer_steps") == writer.version("trainer_steps")
+        assert sorted(reader.read("trainer_steps").column("step").to_pylist()) == list(range(i + 1))
+
+
+def test_a_table_whose_first_commits_were_cleaned_up_still_exists(tmp_path) -> None:
+    writer = Lake(tmp_path / "lake")
+    for i in range(3):
+        writer.append("trainer_steps", one_row(i))
+    writer.delta("trainer_steps").create_checkpoint()
+    log = tmp_path / "lake" / "trainer_steps" / "_delta_log"
+    for version in range(2):  # what log cleanup leaves: the checkpoint and the commits after it
+        (log / f"{version:020d}.json").unlink()
+    reader = Lake(tmp_path / "lake")
+    assert reader.exists("trainer_steps")
+    assert reader.read("trainer_steps").num_rows == 3
+
+
+def test_a_file_where_a_table_directory_belongs_is_an_error_not_an_empty_table(tmp_path) -> None:
+    lake = Lake(tmp_path / "lake")
+    (tmp_path / "lake" / "trainer_steps").write_text("not a table")
+    with pytest.raises(LakeError, match="cannot use the lake at"):
+        lake.exists("trainer_steps")
