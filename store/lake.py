@@ -43,6 +43,11 @@ STATS_COLUMNS = ("run_id", "trajectory_id", "seq", "event_type", "step", "event_
 """Columns whose min/max go into the Delta log, so readers can skip files (`files_within`)."""
 
 COMMIT_RETRIES = 20
+CHECKPOINT_INTERVAL = 10
+"""Commits between the Delta checkpoints delta-rs writes after a commit (its default: 100). A
+reader opens a table from its last checkpoint and replays each commit after it: at 160 files,
+0.08 s with 95 commits to replay and 0.007-0.02 s from a checkpoint at its head; writing one took
+0.09 s. An engine opens six tables."""
 EVOLVED_APP_ID = "trajlake-schema"
 """A `txn` app id in the commit that gave a table new columns: its files may lack some of them."""
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -167,8 +172,9 @@ class Lake:
                     raise LakeError(f"table {name} does not exist yet at {uri}", table_uri=uri) from None
             with contextlib.suppress(CommitFailedError):  # another writer created it first
                 return DeltaTable.create(
-                    uri, SCHEMAS[name], mode="ignore", storage_options=options, name=name
-                )
+                    uri, SCHEMAS[name], mode="ignore", storage_options=options, name=name,
+                    configuration={"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)},
+                )  # fmt: skip
             return DeltaTable(uri, storage_options=options)
 
     @contextlib.contextmanager

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from trajlake.store.errors import LakeError
-from trajlake.store.lake import Lake
+from trajlake.store.lake import CHECKPOINT_INTERVAL, Lake
 
 
 def one_row(i: int) -> pa.Table:
@@ -21,6 +21,17 @@ def test_a_reader_sees_every_commit_another_writer_makes(tmp_path) -> None:
         assert reader.exists("trainer_steps")
         assert reader.version("trainer_steps") == writer.version("trainer_steps")
         assert sorted(reader.read("trainer_steps").column("step").to_pylist()) == list(range(i + 1))
+
+
+def test_a_long_log_is_checkpointed_so_a_reader_replays_few_commits(tmp_path) -> None:
+    writer = Lake(tmp_path / "lake")
+    for i in range(2 * CHECKPOINT_INTERVAL + 3):
+        writer.append("trainer_steps", one_row(i))
+    log = tmp_path / "lake" / "trainer_steps" / "_delta_log"
+    checkpoints = sorted(int(p.name.split(".")[0]) for p in log.glob("*.checkpoint.parquet"))
+    assert len(checkpoints) == 2
+    assert writer.version("trainer_steps") - checkpoints[-1] <= CHECKPOINT_INTERVAL
+    assert Lake(tmp_path / "lake").read("trainer_steps").num_rows == 2 * CHECKPOINT_INTERVAL + 3
 
 
 def test_a_table_whose_first_commits_were_cleaned_up_still_exists(tmp_path) -> None:
