@@ -39,8 +39,10 @@ from trajlake.store.errors import CommitConflict, LakeError, TxnFenced
 
 TABLES = ("events", *TABLE_SCHEMAS)
 SCHEMAS: dict[str, pa.Schema] = {"events": EVENTS_SCHEMA, **TABLE_SCHEMAS}
-STATS_COLUMNS = ("run_id", "trajectory_id", "seq", "event_type", "step", "event_time")
-"""Columns whose min/max go into the Delta log, so readers can skip files (`files_within`)."""
+STATS_COLUMNS = ("run_id", "trajectory_id", "seq", "event_type", "step", "event_time", "group_id",
+                 "policy_version_min", "finished")  # fmt: skip
+"""Columns whose min/max go into the Delta log, so readers can skip files (`files_within`; the
+sampler's staleness window and groups)."""
 
 COMMIT_RETRIES = 20
 CHECKPOINT_INTERVAL = 10
@@ -281,15 +283,7 @@ class Lake:
                 )
                 cached = (table.version(), actions)
                 self._file_stats[name] = cached
-        actions = cached[1]
-        if within is None or not actions.num_rows or f"min.{within[0]}" not in actions.column_names:
-            return actions
-        column, lo, hi = within
-        lows, highs = actions.column(f"min.{column}"), actions.column(f"max.{column}")
-        may_hold = pc.and_kleene(
-            pc.less_equal(lows, pa.scalar(hi, lows.type)), pc.greater_equal(highs, pa.scalar(lo, highs.type))
-        )
-        return actions.filter(pc.fill_null(may_hold, True))
+        return cached[1] if within is None else may_hold(cached[1], *within)
 
     def files_within(self, name: str, column: str, lo: Any, hi: Any) -> list[str]:
         """Paths of the current files of `name` that may hold a `column` value in [lo, hi].
@@ -574,6 +568,7 @@ class Lake:
         params: Sequence[Any] | Mapping[str, Any] | None = None,
         within: tuple[str, Any, Any] | None = None,
         among: tuple[str, Sequence[Any]] | None = None,
+        files: Sequence[str] | None = None,
     ) -> pa.Table:
         """Rows of a stored table (no views), optionally projected and filtered with SQL.
 
@@ -587,6 +582,8 @@ class Lake:
             among: (column, values): only the rows whose `column` is one of `values`, read from
                 the files and row groups whose statistics may hold their range (DuckDB prunes
                 row groups on a range, not on an `IN` list of hundreds); `params` must be positional.
+            files: read these files of the table (`uri`s of one `file_stats`, so that several reads
+                see one snapshot) instead of those `within` or `among` would pick.
         """
         from trajlake.store.sql import placeholders, read_files
 
@@ -601,7 +598,8 @@ class Lake:
                 f'"{column}" between ? and ? and "{column}" in ({placeholders(len(values))})'
             )
             params, within = [*(params or ()), lo, hi, *values], (column, lo, hi)
-        files = self.files_within(name, *within) if within else None
+        if files is None and within is not None:
+            files = self.files_within(name, *within)
         return read_files(self, name, columns, where, params, files)
 
     def trajectory(self, trajectory_id: str, run_id: str | None = None) -> pa.Table:
@@ -702,6 +700,18 @@ def _merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     names = a["nullCount"].keys() | b["nullCount"].keys()
     merged["nullCount"] = {c: a["nullCount"].get(c, 0) + b["nullCount"].get(c, 0) for c in names}
     return merged
+
+
+def may_hold(files: pa.Table, column: str, lo: Any, hi: Any) -> pa.Table:
+    """The rows of `files` (a `Lake.file_stats` table) whose statistics may hold a `column` value
+    in [lo, hi]; a file without them is kept."""
+    if not files.num_rows or f"min.{column}" not in files.column_names:
+        return files
+    lows, highs = files.column(f"min.{column}"), files.column(f"max.{column}")
+    may = pc.and_kleene(
+        pc.less_equal(lows, pa.scalar(hi, lows.type)), pc.greater_equal(highs, pa.scalar(lo, highs.type))
+    )
+    return files.filter(pc.fill_null(may, True))
 
 
 def _stats(data: pa.Table) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from trajlake.store.projections import catch_up
 from trajlake.trainer.batch import pack_micro_batches
 from trajlake.trainer.config import SamplerConfig
 from trajlake.trainer.errors import LeaseLostError
-from trajlake.trainer.sampler import Sampler
+from trajlake.trainer.sampler import Sampler, _reach
 from trajlake.trainer.tokens import read_from_events, read_from_view
 
 
@@ -77,6 +77,48 @@ def test_groups_older_than_the_window_are_counted_as_row_by_row(lake, catalog, m
     # the same trajectories at a version that reaches every group: each row read and counted
     everything = sampler(lake, catalog, max_staleness=10, groups_per_batch=10).select_groups(4)[1]
     assert (everything.finished, everything.system_failures, everything.no_reward) == (10, 2, 2)
+
+
+def test_files_past_the_staleness_window_are_not_read_but_their_groups_members_are(
+    lake, catalog, make_run, pair, spec, bus, drain
+):
+    """A group in reach is read whole, wherever its members' files are; files of old, finished
+    groups only are skipped on their Delta statistics, and still counted."""
+    recorder = Recorder(bus, "run-t", vocab_size=100)
+
+    def loner(version: int, reward: float) -> str:  # no task or group id: a group of its own
+        traj = recorder.start(task_id="", sample_index=0)
+        traj.turn([4, 5], [-0.1, -0.2], version, input_token_ids=[1, 2])
+        traj.reward(reward)
+        traj.finish("completed")
+        return traj.trajectory_id
+
+    old_loner = loner(0, 1.0)
+    make_run([*pair("old", version=0), spec("span", reward=1.0, version=0)])
+    fresh_loner = loner(5, 0.5)
+    make_run([spec("span", reward=0.0, version=5)])
+    make_run(pair("fresh", version=5))
+    files = lake.file_stats("trajectories")
+    assert 0 < len(_reach(files, "run-t", oldest=4)) < files.num_rows
+    chooser = sampler(lake, catalog, max_staleness=1, groups_per_batch=10, drop_zero_variance=False)
+    ready, stats = chooser.select_groups(trainer_version=5)
+    members = {g.group_id: sorted(m.reward for m in g.members) for g in ready}
+    assert members == {"fresh": [0.0, 1.0], "span": [0.0], fresh_loner: [0.5]}
+    assert old_loner not in members
+    assert (stats.finished, stats.stale) == (8, 4)  # stale: the old pair, the old span member, the old loner
+    everything = sampler(lake, catalog, max_staleness=10, groups_per_batch=10).select_groups(5)[1]
+    assert (everything.finished, everything.stale) == (8, 0)
+
+
+def test_files_without_statistics_are_read(lake, catalog, make_run, pair):
+    """A lake written before the sampler's columns had Delta statistics: every file is kept."""
+    make_run(pair("old", version=0))
+    files = lake.file_stats("trajectories")
+    bare = files.select(
+        [c for c in files.column_names if "policy_version_min" not in c and "finished" not in c]
+    )
+    assert _reach(bare, "run-t", oldest=4).num_rows == files.num_rows
+    assert _reach(files, "run-t", oldest=4).num_rows == 0
 
 
 def test_system_failures_are_excluded_and_counted(lake, catalog, make_run, pair, spec):
