@@ -2,8 +2,7 @@
 
 One run is appended to in steps through the production ingest path (loadgen -> in-process bus
 -> sink with its default flush rules, so commits pile up as in a live run; a new policy
-version every 2,000 trajectories, as a trainer's versions advance). At each size, in a fresh
-process (so its peak RSS is the step's own), it measures:
+version every ~2M tokens, as a trainer's versions advance). At each size it measures:
   ingest_tokens_per_s     the growth step's sink throughput (generating the events is untimed)
   catch_up_s              projections catching up on a fixed batch of 1,000 new trajectories
                           committed with projections off (what a lagging projector does)
@@ -20,9 +19,10 @@ process (so its peak RSS is the step's own), it measures:
   rebuild_s, compact_s    `rebuild` of every projection and `compact` (optimize, no vacuum), each
                           checked to leave the run's aggregates unchanged (so every size after the
                           first starts from a compacted lake, as a run compacted now and then)
-  peak_rss_mb             peak RSS of the step's process (growth and every measurement);
-                          rss_after_<phase>_mb is the peak so far after ingest (and catch-up), the
-                          SQL aggregates, the pages, the sampler and rebuild, to say which raised it
+  peak_rss_mb             the largest peak RSS of the step's phases, each run in a process of its
+                          own as a deployment runs them: rss_ingest_mb (loadgen, the in-process bus
+                          and the sink, then catch-up), rss_read_mb (lookups, SQL, every page,
+                          metrics, the sampler), rss_rebuild_mb and rss_compact_mb
   events_commits, files, lake_bytes_per_token   Delta commits of `events`, data files of every
                           table and the live bytes of every table (data files and Delta log) per
                           token, as ingest left them
@@ -51,8 +51,9 @@ from pathlib import Path
 from typing import Any
 
 RUN = "bench-scale"
-CHUNK = 2_000
-"""Trajectories per loadgen call: one policy version each, generated, then drained by the sink."""
+CHUNK_TOKENS = 2_000_000
+"""Tokens per loadgen call (2,000 short or 200 long trajectories): one policy version each,
+generated, then drained by the sink."""
 CATCH_UP_TRAJECTORIES = 1_000
 BATCH_TRAJECTORIES = 256
 GROUP_SIZE = 8
@@ -86,7 +87,7 @@ UNCHANGED = (
 """Aggregates that `rebuild` and `compact` must leave as they were."""
 
 
-# -- the step (a fresh process per size) ----------------------------------------------------------
+# -- the step (a fresh process per phase) ---------------------------------------------------------
 def grow(lake: Any, state: dict[str, Any], target_tokens: float, shape: str) -> tuple[int, float]:
     """Append loadgen chunks until the run holds `target_tokens`; return (tokens added, sink seconds)."""
     from trajlake.ingest.bus.inprocess import InProcessBus
@@ -104,7 +105,8 @@ def grow(lake: Any, state: dict[str, Any], target_tokens: float, shape: str) -> 
             if per_trajectory
             else 200
         )
-        n = min(CHUNK, max(GROUP_SIZE, GROUP_SIZE * round(left / GROUP_SIZE)))
+        chunk = CHUNK_TOKENS / per_trajectory if per_trajectory else left
+        n = max(GROUP_SIZE, GROUP_SIZE * round(min(chunk, left) / GROUP_SIZE))
         bus = InProcessBus(topic=f"{RUN}-{state['chunks']}", partitions=4)
         made = generate(bus, chunk_config(LoadgenConfig, state, n, shape))
         started = time.perf_counter()
@@ -225,10 +227,15 @@ def unchanged(root: Path, before: dict[str, Any], what: str) -> None:
     from trajlake.store.lake import Lake
 
     lake = Lake(root)
-    after = lake.sql(UNCHANGED).to_pylist()[0]
+    after = aggregates(lake)
     lake.close()
     if after != before:
         raise RuntimeError(f"{what} changed the run's aggregates: {before} -> {after}")
+
+
+def aggregates(lake: Any) -> dict[str, Any]:
+    """The `UNCHANGED` aggregates, as JSON gives them back to a later phase (sums as strings)."""
+    return json.loads(json.dumps(lake.sql(UNCHANGED).to_pylist()[0], default=str))
 
 
 def live_bytes(lake: Any, tables: tuple[str, ...]) -> int:
@@ -244,80 +251,89 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def step(root: Path, target_tokens: float, shape: str, workdir: Path) -> dict[str, float]:
-    """Grow the lake at `root` to `target_tokens`, then measure every figure at that size."""
+PHASES = ("ingest", "read", "rebuild", "compact")
+"""The step's parts, each in a process of its own, as a deployment runs them (the sink; readers:
+lookups, SQL, dashboards, metrics, the sampler; `trajlake rebuild`; `trajlake compact`)."""
+
+
+def step(
+    root: Path, target_tokens: float, shape: str, workdir: Path, phase: str, known: dict[str, Any]
+) -> dict[str, Any]:
+    """One phase of a step: grow the lake at `root` to `target_tokens` and lay out what the later
+    phases need (`ingest`), or measure one part at that size. Returns its figures."""
     from trajlake.store import projections
     from trajlake.store.compact import compact
     from trajlake.store.lake import TABLES, Lake
 
-    state_file = root.parent / f"{root.name}.state.json"
-    state = json.loads(state_file.read_text()) if state_file.exists() else dict.fromkeys(
-        ("chunks", "groups", "tokens", "trajectories"), 0)  # fmt: skip
-    lake = Lake(root)
-    added, sink_s = grow(lake, state, target_tokens, shape)
-    fig: dict[str, float] = {"ingest_tokens_per_s": added / sink_s if sink_s else float("nan")}
-    fig["catch_up_s"] = catch_up(lake, state, shape)
-    fig["rss_after_ingest_mb"] = peak_rss_mb()
-    state_file.write_text(json.dumps(state))
-    fig["tokens"], fig["trajectories"] = state["tokens"], state["trajectories"]
-    oldest = (
-        lake.sql(
-            "select trajectory_id from trajectories where run_id = $run order by started_at limit 1",
-            {"run": RUN},
+    fig: dict[str, Any] = {}
+    if phase == "ingest":
+        state_file = root.parent / f"{root.name}.state.json"
+        state = json.loads(state_file.read_text()) if state_file.exists() else dict.fromkeys(
+            ("chunks", "groups", "tokens", "trajectories"), 0)  # fmt: skip
+        lake = Lake(root)
+        added, sink_s = grow(lake, state, target_tokens, shape)
+        fig["ingest_tokens_per_s"] = added / sink_s if sink_s else float("nan")
+        fig["catch_up_s"] = catch_up(lake, state, shape)
+        state_file.write_text(json.dumps(state))
+        fig["tokens"], fig["trajectories"] = state["tokens"], state["trajectories"]
+        oldest = lake.sql(
+            "select trajectory_id from trajectories where run_id = $run order by started_at limit 1", {"run": RUN}
+        ).column(0)[0].as_py()  # fmt: skip
+        latest = lake.sql("select max(policy_version) from policy_versions").column(0)[0].as_py()
+        fig["_known"] = {"oldest": oldest, "latest": latest, "before": aggregates(lake)}
+        # the layout as ingest left it (rebuild and compact below rewrite it)
+        fig["events_commits"] = lake.version("events") + 1
+        fig["files"] = sum(len(lake.files(name)) for name in TABLES if lake.exists(name))
+        fig["lake_bytes_per_token"] = live_bytes(lake, TABLES) / state["tokens"]
+        lake.close()
+    elif phase == "read":
+        fig["point_lookup_cold_s"], fig["point_lookup_warm_s"], fig["point_lookup_sql_s"] = point_lookups(
+            root, known["oldest"]
         )
-        .column(0)[0]
-        .as_py()
-    )
-    latest = lake.sql("select max(policy_version) from policy_versions").column(0)[0].as_py()
-    before = lake.sql(UNCHANGED).to_pylist()[0]
-    # the layout as ingest left it (rebuild and compact below rewrite it)
-    fig["events_commits"] = lake.version("events") + 1
-    fig["files"] = sum(len(lake.files(name)) for name in TABLES if lake.exists(name))
-    fig["lake_bytes_per_token"] = live_bytes(lake, TABLES) / state["tokens"]
-    lake.close()
-
-    fig["point_lookup_cold_s"], fig["point_lookup_warm_s"], fig["point_lookup_sql_s"] = point_lookups(
-        root, oldest
-    )
-    lake = Lake(root)
-    lake.query_engine()
-    for name, query in SQL.items():
-        fig[f"sql_{name}_s"] = timed(lambda q=query: lake.sql(q, {"run": RUN}))
-    lake.close()
-    fig["slowest_sql_s"] = max(fig[f"sql_{n}_s"] for n in SQL)
-    fig["rss_after_sql_mb"] = peak_rss_mb()
-    for page, seconds in pages(root).items():
-        fig[f"page_{page}_s"] = seconds
-    fig["slowest_page_s"] = max(v for k, v in fig.items() if k.startswith("page_"))
-    fig["rss_after_pages_mb"] = peak_rss_mb()
-    fig["metrics_s"] = metrics_seconds(root)
-    fig["sampler_batch_s"], fig["lease_round_trip_s"] = sampler_figures(root, workdir, latest)
-    fig["rss_after_sampler_mb"] = peak_rss_mb()
-
-    lake = Lake(root)
-    fig["rebuild_s"] = timed(lambda: projections.rebuild(lake))
-    lake.close()
-    unchanged(root, before, "rebuild")
-    fig["rss_after_rebuild_mb"] = peak_rss_mb()
-    lake = Lake(root)
-    fig["compact_s"] = timed(lambda: compact(lake, vacuum=False))
-    lake.close()
-    unchanged(root, before, "compact")
-    fig["peak_rss_mb"] = peak_rss_mb()
+        lake = Lake(root)
+        lake.query_engine()
+        for name, query in SQL.items():
+            fig[f"sql_{name}_s"] = timed(lambda q=query: lake.sql(q, {"run": RUN}))
+        lake.close()
+        fig["slowest_sql_s"] = max(fig[f"sql_{n}_s"] for n in SQL)
+        for page, seconds in pages(root).items():
+            fig[f"page_{page}_s"] = seconds
+        fig["slowest_page_s"] = max(v for k, v in fig.items() if k.startswith("page_"))
+        fig["metrics_s"] = metrics_seconds(root)
+        fig["sampler_batch_s"], fig["lease_round_trip_s"] = sampler_figures(root, workdir, known["latest"])
+    else:
+        lake = Lake(root)
+        fig[f"{phase}_s"] = timed(
+            lambda: projections.rebuild(lake) if phase == "rebuild" else compact(lake, vacuum=False)
+        )
+        lake.close()
+        unchanged(root, known["before"], phase)
+    fig[f"rss_{phase}_mb"] = peak_rss_mb()
     return fig
 
 
 # -- the driver -----------------------------------------------------------------------------------
 def run_step(root: Path, target: float, shape: str, workdir: Path) -> dict[str, float]:
-    """`step` in a fresh process: its peak RSS is the step's own. Its log (AppTest outside a server
-    warns on every render) is printed only when it fails."""
-    out = root.parent / f"{root.name}-{target:.0e}.json"  # kept next to the lake: a later step may fail
-    cmd = [sys.executable, __file__, "--step", "--lake", str(root), "--target", str(target), "--shape", shape,
-           "--json", str(out), "--workdir", str(workdir)]  # fmt: skip
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"the {shape} step to {target:.0e} tokens failed:\n{proc.stdout[-5000:]}")
-    return json.loads(out.read_text())
+    """`step`'s phases, each in a fresh process: its peak RSS is the phase's own. A phase's log
+    (AppTest outside a server warns on every render) is printed only when it fails."""
+    figures: dict[str, Any] = {}
+    known: dict[str, Any] = {}
+    for phase in PHASES:
+        out = (
+            root.parent / f"{root.name}-{target:.0e}-{phase}.json"
+        )  # next to the lake: a later step may fail
+        (workdir / "known.json").write_text(json.dumps(known))
+        cmd = [sys.executable, __file__, "--step", phase, "--lake", str(root), "--target", str(target),
+               "--shape", shape, "--json", str(out), "--workdir", str(workdir)]  # fmt: skip
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(
+                f"the {shape} step to {target:.0e} tokens failed in {phase}:\n{proc.stdout[-5000:]}"
+            )
+        figures.update(json.loads(out.read_text()))
+        known = figures.pop("_known", known)
+    figures["peak_rss_mb"] = max(figures[f"rss_{phase}_mb"] for phase in PHASES)
+    return figures
 
 
 def growth(values: list[float]) -> float | None:
@@ -342,13 +358,16 @@ def main() -> None:
     parser.add_argument(
         "--lake", type=Path, help="grow the lakes under this directory (default: a temporary one)"
     )
-    parser.add_argument("--step", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--step", choices=PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--target", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--shape", choices=SHAPES, default="short", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step:
-        args.json.write_text(json.dumps(step(args.lake, args.target, args.shape, args.workdir)))
+        known = json.loads((args.workdir / "known.json").read_text())
+        args.json.write_text(
+            json.dumps(step(args.lake, args.target, args.shape, args.workdir, args.step, known))
+        )
         return
 
     sizes = (

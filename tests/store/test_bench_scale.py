@@ -20,6 +20,8 @@ def test_the_scale_bench_reports_each_figure_at_each_size_and_its_growth(tmp_pat
         assert len(values) == 2 and all(v > 0 for v in values), name
         assert figures["growth"][name] == pytest.approx(values[1] / values[0]), name
     assert {f"page_{page}_s" for page in PAGES} <= set(figures["figures"])
+    phases = [figures["figures"][f"rss_{p}_mb"] for p in ("ingest", "read", "rebuild", "compact")]
+    assert [max(each) for each in zip(*phases, strict=True)] == figures["figures"]["peak_rss_mb"]
     assert figures["figures"]["trajectories"][1] > figures["figures"]["trajectories"][0]
     assert (
         figures["long"]["tokens"] / figures["long"]["trajectories"]
