@@ -157,9 +157,7 @@ class Lake:
         cleanup only removes commit files older than `delta.logRetentionDuration` (30 days by
         default), so the next one stays there for any reader newer than that.
         """
-        if self.is_local and not os.path.exists(
-            f"{self.uri(name)}/_delta_log/{table.version() + 1:020d}.json"
-        ):
+        if self.is_local and not _is_file(f"{self.uri(name)}/_delta_log/{table.version() + 1:020d}.json"):
             return
         table.update_incremental()
 
