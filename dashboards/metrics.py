@@ -76,7 +76,31 @@ __all__ = [
 
 # -- selectors --------------------------------------------------------------------------------
 def runs(lake: Any) -> list[str]:
-    """Run ids in the lake, most recently started first."""
+    """Run ids in the lake, most recently started first.
+
+    Every page asks (the sidebar): from the Delta statistics of `trajectories` when each of its
+    files holds one run and says when its last trajectory started, as when each sink commit
+    carries one run's rows; otherwise from a scan of every file (0.26 s at 312 files)."""
+    files = lake.file_stats("trajectories")
+    names = ("min.run_id", "max.run_id", "max.started_at", "null_count.started_at", "num_records")
+    if files.num_rows and all(n in files.column_names for n in names):
+        low, high, latest = (
+            files.column("min.run_id"),
+            files.column("max.run_id"),
+            files.column("max.started_at"),
+        )
+        alone = pc.fill_null(pc.equal(low, high), False)
+        known = pc.or_(
+            pc.is_valid(latest), pc.equal(files.column("null_count.started_at"), files.column("num_records"))
+        )
+        if pc.all(pc.and_(alone, pc.fill_null(known, False))).as_py():
+            by_run = (
+                pa.table({"run_id": low, "started_at": latest})
+                .group_by("run_id")
+                .aggregate([("started_at", "max")])
+            )
+            order = pc.sort_indices(by_run, [("started_at_max", "descending", "at_end")])
+            return by_run.column("run_id").take(order).to_pylist()
     table = query(
         lake, f"SELECT run_id FROM {TRAJECTORIES} GROUP BY run_id ORDER BY max(started_at) DESC NULLS LAST"
     )

@@ -40,9 +40,9 @@ from trajlake.store.errors import CommitConflict, LakeError, TxnFenced
 TABLES = ("events", *TABLE_SCHEMAS)
 SCHEMAS: dict[str, pa.Schema] = {"events": EVENTS_SCHEMA, **TABLE_SCHEMAS}
 STATS_COLUMNS = ("run_id", "trajectory_id", "seq", "event_type", "step", "event_time", "group_id",
-                 "policy_version_min", "finished")  # fmt: skip
+                 "policy_version_min", "finished", "started_at")  # fmt: skip
 """Columns whose min/max go into the Delta log, so readers can skip files (`files_within`; the
-sampler's staleness window and groups)."""
+sampler's staleness window and groups) or answer from the log alone (the dashboards' run list)."""
 
 COMMIT_RETRIES = 20
 CHECKPOINT_INTERVAL = 10
@@ -173,7 +173,7 @@ class Lake:
             with contextlib.suppress(CommitFailedError):  # another writer created it first
                 return DeltaTable.create(
                     uri, SCHEMAS[name], mode="ignore", storage_options=options, name=name,
-                    configuration={"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)},
+                    configuration=_table_properties(name),
                 )  # fmt: skip
             return DeltaTable(uri, storage_options=options)
 
@@ -698,6 +698,18 @@ def _merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     names = a["nullCount"].keys() | b["nullCount"].keys()
     merged["nullCount"] = {c: a["nullCount"].get(c, 0) + b["nullCount"].get(c, 0) for c in names}
     return merged
+
+
+def _table_properties(name: str) -> dict[str, str]:
+    """The Delta properties a new table of `name` is created with: its checkpoint interval, and
+    which columns have statistics (`STATS_COLUMNS`: what our writer records, and what delta-rs
+    reads back, where it would otherwise keep only the first 32 columns' and drop e.g.
+    `trajectories.started_at`; its MERGE writes the same)."""
+    properties = {"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
+    columns = [c for c in STATS_COLUMNS if c in SCHEMAS[name].names]
+    if columns:
+        properties["delta.dataSkippingStatsColumns"] = ",".join(columns)
+    return properties
 
 
 def may_hold(files: pa.Table, column: str, lo: Any, hi: Any) -> pa.Table:

@@ -253,6 +253,29 @@ def test_dead_letters_are_counted_by_reason(tmp_path):
     assert len(recent) == 2 and all(r["raw_bytes"] > 0 for r in recent)
 
 
+RUNS_SQL = "select run_id from trajectories group by run_id order by max(started_at) desc nulls last"
+
+
+def test_the_run_list_comes_from_the_delta_log_when_each_file_holds_one_run(two_runs_lake, monkeypatch):
+    expected = two_runs_lake.sql(RUNS_SQL).column(0).to_pylist()
+    assert len(expected) == 2
+    monkeypatch.setattr(metrics, "query", lambda *a, **k: pytest.fail("the run list scanned the files"))
+    assert metrics.runs(two_runs_lake) == expected
+
+
+def test_the_run_list_scans_when_a_file_holds_several_runs(lake, bus, drain):
+    from trajlake.ingest.recorder import Recorder
+
+    for run in ("run-old", "run-new"):  # one sink batch, so one file of each table holds both
+        with Recorder(bus, run, vocab_size=100).start(task_id="t") as traj:
+            traj.turn([4, 5], [-0.1, -0.2], 0, input_token_ids=[1])
+            traj.finish("completed")
+    drain()
+    files = lake.file_stats("trajectories")
+    assert files.num_rows == 1 and files.column("min.run_id")[0] != files.column("max.run_id")[0]
+    assert metrics.runs(lake) == ["run-new", "run-old"] == lake.sql(RUNS_SQL).column(0).to_pylist()
+
+
 def test_an_empty_lake_has_no_runs(tmp_path):
     from trajlake.store.lake import Lake
 
