@@ -281,7 +281,7 @@ class Lake:
                 )
                 cached = (table.version(), actions)
                 self._file_stats[name] = cached
-        return cached[1] if within is None else may_hold(cached[1], *within)
+        return cached[1] if within is None else _may_hold(cached[1], *within)
 
     def files_within(self, name: str, column: str, lo: Any, hi: Any) -> list[str]:
         """Paths of the current files of `name` that may hold a `column` value in [lo, hi].
@@ -566,7 +566,7 @@ class Lake:
         params: Sequence[Any] | Mapping[str, Any] | None = None,
         within: tuple[str, Any, Any] | None = None,
         among: tuple[str, Sequence[Any]] | None = None,
-        files: Sequence[str] | None = None,
+        files: pa.Table | None = None,
     ) -> pa.Table:
         """Rows of a stored table (no views), optionally projected and filtered with SQL.
 
@@ -580,8 +580,9 @@ class Lake:
             among: (column, values): only the rows whose `column` is one of `values`, read from
                 the files and row groups whose statistics may hold their range (DuckDB prunes
                 row groups on a range, not on an `IN` list of hundreds); `params` must be positional.
-            files: read these files of the table (`uri`s of one `file_stats`, so that several reads
-                see one snapshot) instead of those `within` or `among` would pick.
+            files: a `file_stats(name)` table to read from instead of the table's current files,
+                so that several reads see one snapshot; `within` or `among` keep those of its files
+                that may hold their range.
         """
         from trajlake.store.sql import placeholders, read_files
 
@@ -596,9 +597,11 @@ class Lake:
                 f'"{column}" between ? and ? and "{column}" in ({placeholders(len(values))})'
             )
             params, within = [*(params or ()), lo, hi, *values], (column, lo, hi)
-        if files is None and within is not None:
-            files = self.files_within(name, *within)
-        return read_files(self, name, columns, where, params, files)
+        if files is not None:
+            uris = (files if within is None else _may_hold(files, *within)).column("uri").to_pylist()
+        else:
+            uris = self.files_within(name, *within) if within else None
+        return read_files(self, name, columns, where, params, uris)
 
     def trajectory(self, trajectory_id: str, run_id: str | None = None) -> pa.Table:
         """One trajectory with its token lists, from only the files that may hold it (`read_trajectory`)."""
@@ -712,7 +715,7 @@ def _table_properties(name: str) -> dict[str, str]:
     return properties
 
 
-def may_hold(files: pa.Table, column: str, lo: Any, hi: Any) -> pa.Table:
+def _may_hold(files: pa.Table, column: str, lo: Any, hi: Any) -> pa.Table:
     """The rows of `files` (a `Lake.file_stats` table) whose statistics may hold a `column` value
     in [lo, hi]; a file without them is kept."""
     if not files.num_rows or f"min.{column}" not in files.column_names:

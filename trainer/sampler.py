@@ -29,7 +29,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajlake.store.lake import may_hold
 from trajlake.trainer.batch import Batch, SamplerStats, TrajectorySample, pack_micro_batches
 from trajlake.trainer.config import SamplerConfig
 from trajlake.trainer.errors import LeaseLostError
@@ -213,35 +212,25 @@ class Sampler:
         their groups' other members."""
         lake = self.lake
         files = lake.file_stats("trajectories")
-        uris = files.column("uri").to_pylist()
-        counts = _finished_counts(
-            lake.read(
-                "trajectories", ["failure_origin", "reward"], "run_id = ? and finished", [run_id], files=uris
-            )
+        run = "run_id = ?"
+        finished = lake.read(
+            "trajectories", ["failure_origin", "reward"], f"{run} and finished", [run_id], files=files
         )
+        reach = _reach(files, run_id, oldest)
         keys = lake.read(
-            "trajectories", ["group_id", "trajectory_id"], IN_REACH, [run_id, oldest],
-            files=_reach(files, run_id, oldest).column("uri").to_pylist(),
-        )  # fmt: skip
+            "trajectories", ["group_id", "trajectory_id"], IN_REACH, [run_id, oldest], files=reach
+        )
         pairs = list(zip(keys.column(0).to_pylist(), keys.column(1).to_pylist(), strict=True))
         groups = sorted({g or t for g, t in pairs})
-        if not groups:
-            return lake.read("trajectories", SCALAR_COLUMNS, "false", files=[]), counts
-        run = "run_id = ?"
-        parts = [self._members(files, "group_id", groups, run)]
+        parts = [
+            lake.read("trajectories", SCALAR_COLUMNS, run, [run_id], among=("group_id", groups), files=files)
+        ]
         alone = sorted({t for g, t in pairs if not g})  # a trajectory without a group is its own
         if alone:
-            parts.append(
-                self._members(files, "trajectory_id", alone, run + " and coalesce(group_id, '') = ''")
-            )
-        return pa.concat_tables(parts), counts
-
-    def _members(self, files: pa.Table, column: str, values: list[str], where: str) -> pa.Table:
-        """The run's rows whose `column` is one of `values`, from the `files` that may hold them."""
-        return self.lake.read(
-            "trajectories", SCALAR_COLUMNS, where, [self.config.run_id], among=(column, values),
-            files=may_hold(files, column, values[0], values[-1]).column("uri").to_pylist(),
-        )  # fmt: skip
+            where = f"{run} and coalesce(group_id, '') = ''"
+            among = ("trajectory_id", alone)
+            parts.append(lake.read("trajectories", SCALAR_COLUMNS, where, [run_id], among=among, files=files))
+        return pa.concat_tables(parts), _finished_counts(finished)
 
     def _admit(self, cols: dict[str, list[Any]], i: int, version: int, stats: SamplerStats) -> _Member | None:
         """The trajectory as a group member, or None (counted) if it must not be trained on."""
