@@ -220,6 +220,20 @@ class SinkConfig(Settings):
         json_schema_extra=cli("--no-exactly-once"),
     )
     update_projections: bool = Field(True, description="Advance projections after every events commit.")
+    merge_fanin: int = Field(
+        10,
+        ge=0,
+        description="After each commit, merge a projection's files once this many of one order of magnitude "
+        "(in bytes) pile up: readers open tens of files, not one per commit (0: never; bench/scale.py).",
+    )
+
+    @field_validator("merge_fanin")
+    @classmethod
+    def _check_fanin(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("merge_fanin must be 0 (never merge) or at least 2 (TRAJLAKE_MERGE_FANIN)")
+        return value
+
     seq_cache_trajectories: int = Field(
         200_000, ge=0, description="Trajectories whose seqs are kept to detect duplicates."
     )

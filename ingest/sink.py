@@ -27,9 +27,11 @@ from trajlake.ingest.config import SinkConfig
 from trajlake.ingest.dead_letters import dead_letter, dead_letters_table, raw_event, raw_json
 from trajlake.ingest.seqs import SeqCache
 from trajlake.schemas.events import EVENTS_SCHEMA
+from trajlake.schemas.tables import PROJECTION_TABLES
 from trajlake.schemas.threads import run_in_thread
 from trajlake.schemas.validation import validate
 from trajlake.store import projections
+from trajlake.store.compact import merge_tiers
 from trajlake.store.errors import TxnFenced
 from trajlake.store.lake import Lake, combine_in_parts
 
@@ -300,6 +302,9 @@ class DeltaSink:
         if self.config.update_projections:
             known = {action.path: result.valid for action in actions}
             projections.catch_up(self.lake, known)
+            if self.config.merge_fanin:
+                for name in PROJECTION_TABLES:
+                    merge_tiers(self.lake, name, self.config.merge_fanin)
         return version
 
     def _dead_rows(self, p: _Pending, rejected: pa.Table, index: np.ndarray, reasons: list[str]) -> None:

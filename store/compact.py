@@ -9,6 +9,7 @@ files they replace, in one Delta commit. Projections advance on files added with
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -50,21 +51,61 @@ def check_retention(retention_hours: int, allow_short: bool) -> None:
         )
 
 
-def _bins(sizes: list[tuple[str, int]], target: int) -> list[list[str]]:
-    """Consecutive groups of small files, each up to about `target` bytes."""
-    bins: list[list[str]] = [[]]
+def _bins(sizes: list[tuple[str, int]], target: int) -> list[list[tuple[str, int]]]:
+    """Consecutive groups of files, each up to about `target` bytes."""
+    bins: list[list[tuple[str, int]]] = [[]]
     total = 0
     for path, size in sizes:
         if bins[-1] and total + size > target:
             bins.append([])
             total = 0
-        bins[-1].append(path)
+        bins[-1].append((path, size))
         total += size
     return [b for b in bins if len(b) > 1]
 
 
 def optimize(lake: Lake, name: str, target_bytes: int = TARGET_FILE_BYTES) -> tuple[int, int, int]:
-    """Merge the small files of one table; return (files removed, files added, files raced).
+    """Merge the small files of one table; return (files removed, files added, files raced)."""
+    sizes = _sizes(lake, name)
+    return _merge_bins(lake, name, _bins([f for f in sizes if f[1] < target_bytes], target_bytes))
+
+
+def merge_tiers(lake: Lake, name: str, fanin: int) -> tuple[int, int, int]:
+    """Merge the files of one table whose size has the same order of magnitude (powers of
+    `fanin` bytes) once `fanin` of them pile up; return (files removed, files added, files raced).
+
+    Run after each commit, this keeps a table that grows a small file a commit at about
+    `fanin - 1` files per magnitude (tens, where a run makes thousands) while each row is
+    rewritten only once per magnitude it climbs; files of TARGET_FILE_BYTES and more stay.
+    """
+    removed = added = raced = 0
+    while True:
+        tiers: dict[int, list[tuple[str, int]]] = {}
+        for path, size in _sizes(lake, name):
+            if size < TARGET_FILE_BYTES:
+                tiers.setdefault(int(math.log(max(size, 1), fanin)), []).append((path, size))
+        full = [files for _, files in sorted(tiers.items()) if len(files) >= fanin]
+        bins = _bins(full[0], TARGET_FILE_BYTES) if full else []
+        if not bins:
+            return removed, added, raced
+        r, a, x = _merge_bins(lake, name, bins)
+        removed, added, raced = removed + r, added + a, raced + x
+        if x:  # another writer is rewriting this table: it, or the next commit, merges the rest
+            return removed, added, raced
+
+
+def _sizes(lake: Lake, name: str) -> list[tuple[str, int]]:
+    """(path, bytes) of the table's current files, in the order they were written."""
+    files = lake.file_stats(name)
+    if not files.num_rows:
+        return []
+    root = lake.filesystem()[1]
+    paths = [f"{root}/{name}/{p.rsplit('/', 1)[-1]}" for p in files.column("path").to_pylist()]
+    return sorted(zip(paths, files.column("size_bytes").to_pylist(), strict=True))
+
+
+def _merge_bins(lake: Lake, name: str, bins: list[list[tuple[str, int]]]) -> tuple[int, int, int]:
+    """Rewrite each bin of files as one; return (files removed, files added, files raced).
 
     A bin whose files another writer replaced while it was merged (`CommitConflict`) is left
     as the other writer made it: committing it would bring back rows already rewritten.
@@ -72,23 +113,21 @@ def optimize(lake: Lake, name: str, target_bytes: int = TARGET_FILE_BYTES) -> tu
     from trajlake.store.lake import SCHEMAS
 
     fs, root = lake.filesystem()
-    table_root = f"{root}/{name}"
-    infos = fs.get_file_info([f"{table_root}/{uri.rsplit('/', 1)[1]}" for uri in lake.files(name)])
-    small = sorted((i.path, i.size) for i in infos if i.size < target_bytes)
     removed = added = raced = 0
-    for group in _bins(small, target_bytes):
+    for group in bins:
         # streamed a batch at a time, with the table's full schema (a file older than a column
         # gets it, as null): reading a whole bin of events held 8.4 GB on a 1.8 GB lake
-        source = ds.dataset(group, schema=SCHEMAS[name], filesystem=fs, format="parquet")
+        paths = [path for path, _ in group]
+        source = ds.dataset(paths, schema=SCHEMAS[name], filesystem=fs, format="parquet")
         batches = source.to_batches(batch_size=16_384, batch_readahead=0, fragment_readahead=0)
         written = lake.write_batches(name, batches)
         add = AddAction(written.path, written.size, {}, written.modification_time, False, written.stats)
         now = int(time.time() * 1000)
-        removes = [RemoveAction(p.rsplit("/", 1)[1], False, now, size) for p, size in small if p in group]
+        removes = [RemoveAction(path.rsplit("/", 1)[1], False, now, size) for path, size in group]
         try:
             lake.replace_files(name, [add], removes)
         except CommitConflict:
-            fs.delete_file(f"{table_root}/{written.path}")  # never committed: no reader knows it
+            fs.delete_file(f"{root}/{name}/{written.path}")  # never committed: no reader knows it
             raced += len(group)
             continue
         removed += len(group)

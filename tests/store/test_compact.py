@@ -8,10 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake.transaction import RemoveAction
 
-from tests.helpers import trajlake
+from tests.helpers import started_event, trajlake, turn_event
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
+from trajlake.store import projections
 from trajlake.store.compact import optimize
 from trajlake.store.config import LakeConfig
 from trajlake.store.errors import CommitConflict
@@ -106,3 +107,27 @@ def test_two_compactions_of_the_same_files_conflict_instead_of_duplicating_rows(
     assert len(list((root / "events").glob("*.parquet"))) == 3 + 1  # the loser's merged file is gone
     assert reader.read("events").num_rows == rows
     assert reader.sql("select count(*) from trajectories").column(0)[0].as_py() == 30
+
+
+def test_a_sink_merges_projection_files_as_they_pile_up_and_keeps_every_row(tmp_path) -> None:
+    """Many small commits leave a few projection files per order of magnitude, not one per commit."""
+    lake = Lake(tmp_path / "lake")
+    bus = InProcessBus()
+    sink = DeltaSink(lake, bus, SinkConfig(merge_fanin=2))
+    for i in range(16):  # a commit each, which goes on with the trajectory the one before began
+        tid = f"t{i:02d}"
+        events = [started_event(trajectory_id=tid), turn_event(trajectory_id=tid, seq=1)]
+        if i:
+            events.append(turn_event(trajectory_id=f"t{i - 1:02d}", seq=2, turn_index=1))
+        bus.publish(events)
+        sink.run(until_idle_s=0)
+    assert sink.stats.commits == 16
+    keys = {"trajectories": "trajectory_id", "turns": "trajectory_id, seq"}
+    merged = {}
+    for table, order in keys.items():
+        assert len(lake.files(table)) <= 6
+        merged[table] = lake.sql(f"select * from {table} order by {order}").to_pylist()
+    assert [row["n_turns"] for row in merged["trajectories"]] == [2] * 15 + [1]
+    projections.rebuild(lake)  # the projections, recomputed from the events
+    for table, order in keys.items():
+        assert lake.sql(f"select * from {table} order by {order}").to_pylist() == merged[table]
