@@ -1,5 +1,6 @@
 """Compaction: merge small files (optimize), delete unreferenced ones (vacuum, guarded), and
-checkpoint the Delta log of each table it changed.
+checkpoint the Delta log of each table it changed; and the size tiers a sink merges after each
+commit (`merge_tiers`), so projections keep tens of files however many commits a run makes.
 
 Merged files are written by the lake's own Parquet writer (so token payloads keep their
 compact layout) and committed with `dataChange=false` together with the removal of the
