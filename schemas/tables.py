@@ -67,9 +67,11 @@ TURNS_SCHEMA = _projection(
     "run_id", "trajectory_id", "event_id", "seq", "turn_index", "policy_version",
     ("n_input_tokens", _I64), ("n_output_tokens", _I64), ("n_loss_tokens", _I64),
     "input_is_full", "finish_reason", "context_used_fraction", "nudged", "tito_drift", "latency_s",
-    ("sum_logprob", pa.float64()), "event_time",
+    ("sum_logprob", pa.float64()), ("output_repetition", pa.float64()), "event_time",
 )  # fmt: skip
-"""Scalar columns of `turns`; the SQL view adds the turn's token lists from `events`."""
+"""Scalar columns of `turns`; the SQL view adds the turn's token lists from `events`.
+`output_repetition`: the share of the output's 4-grams that repeat an earlier one of the turn
+(null under 4 tokens; `store.projections.ngram_repetition`), which the health check reads."""
 
 TOOL_CALLS_SCHEMA = _projection(
     "tool_calls",

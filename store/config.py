@@ -156,9 +156,8 @@ class HealthSettings(Settings):
     tool_error_z: float = Field(
         4.0, gt=0, description="tool-error spike: ... and by this many binomial standard errors"
     )
-    repetition_ngram: int = Field(4, ge=1, description="garbled output: n of the repeated n-grams")
     max_repetition: float = Field(
-        0.5, gt=0, le=1, description="garbled output: a turn repeating more than this share of its n-grams"
+        0.5, gt=0, le=1, description="garbled output: a turn repeating more than this share of its 4-grams"
     )
     max_nonprintable: float = Field(
         0.05,
@@ -178,5 +177,6 @@ class HealthSettings(Settings):
     garbled_sample: int = Field(
         200,
         ge=1,
-        description="garbled output: about this many of each window's latest turns are read (token lists are large)",
+        description="garbled output: about this many of each window's latest turns are read and decoded for "
+        "unprintable text, when the run has a local tokenizer (token lists are large: a read per window)",
     )

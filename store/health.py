@@ -10,8 +10,8 @@ same for a tiny policy and a large model:
 - reward–length: reward rising with output tokens or turns (length exploitation);
 - advantage drift: advantages no longer centred on 0, or their spread collapsing;
 - tool-error spikes: a window's tool error rate well above the run's earlier rate;
-- garbled output: turns repeating their own n-grams, or decoding to unprintable text (a
-  sample: each window's latest turns).
+- garbled output: turns repeating their own 4-grams (every turn: `turns.output_repetition`),
+  or decoding to unprintable text (a sample: each window's latest turns).
 
 `diagnose_health` reads the lake (SQL with parameters only) and returns a `HealthReport` that
 `trajlake doctor` prints and the dashboard's Health page draws. An alert names the first step
@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trajlake.store.config import HealthSettings
+from trajlake.store.projections import REPETITION_NGRAM
 
 OK, ALERT, NOT_RECORDED = "ok", "alert", "not recorded"
 STEP, VERSION = "step", "policy version"
@@ -72,7 +73,15 @@ from _t_trajectories where run_id = $run and policy_version_min is not null and 
 group by start order by start
 """
 
-# The garbled-output sample: per window, the time span at its end that holds about
+GARBLED_SQL = """
+select policy_version // $w * $w as start, count(output_repetition) as turns,
+  count(*) filter (where output_repetition > $max_repetition) as repeating,
+  avg(output_repetition) as repetition, count(*) filter (where output_repetition is null) as unscored
+from _t_turns where run_id = $run and policy_version is not null and n_output_tokens >= $min_tokens
+group by start order by start
+"""
+
+# The unprintable-text sample: per window, the time span at its end that holds about
 # `per_window` turns (at the window's average rate). The token lists of just that span are read
 # from the `events` files whose event times overlap it (the Delta log's statistics), so the check
 # opens a few files per window however many the run has.
@@ -89,6 +98,8 @@ run_id = $run and event_type = 'turn' and event_time between $lo and $hi
   and policy_version // $w * $w = $start and len(output_token_ids) >= $min_tokens
 """
 """One window's turns in its span, read from the `events` files whose times overlap the span."""
+
+RESCORE = "turns projected before their repetition was recorded: `trajlake rebuild` scores them"
 
 
 MODEL_SQL = """
@@ -342,34 +353,46 @@ def tool_error_spikes(run: RunFigures) -> Signal:
 
 
 def garbled_output(run: RunFigures) -> Signal:
-    """The share of sampled turns that repeat their own n-grams or decode to unprintable text."""
+    """Per window, the share of turns that repeat their own 4-grams (every turn), or of sampled
+    turns that decode to unprintable text, whichever is larger."""
     s = run.settings
     sig = Signal("garbled_output", "garbled output", VERSION,
-                 f"> {s.garbled_share:.0%} of turns repeat > {s.max_repetition:.0%} of their {s.repetition_ngram}-grams"
+                 f"> {s.garbled_share:.0%} of turns repeat > {s.max_repetition:.0%} of their {REPETITION_NGRAM}-grams"
                  f" or are > {s.max_nonprintable:.0%} unprintable")  # fmt: skip
-    turns = sample_tokens(run)
-    if not turns:
-        sig.status, sig.note = NOT_RECORDED, f"no sampled turn has {s.garbled_min_tokens}+ output tokens"
+    rows = run.rows(GARBLED_SQL, w=s.window, min_tokens=s.garbled_min_tokens, max_repetition=s.max_repetition)
+    if not any(r["turns"] for r in rows):
+        unscored = any(r["unscored"] for r in rows)
+        sig.status = NOT_RECORDED
+        sig.note = RESCORE if unscored else f"no turn has {s.garbled_min_tokens}+ output tokens"
         return sig
     decode = run_decoder(run)
+    unprintable_by_window: dict[int, list[float]] = {}
+    if decode is not None:
+        for t in sample_tokens(run):
+            text = decode(t["output_token_ids"] or [])
+            unprintable_by_window.setdefault(t["start"], []).append(unprintable(text))
     sig.note = (
         "repetition and unprintable text" if decode else "repetition only: no local tokenizer for the run"
     )
-    by_window: dict[int, list[tuple[float, float | None]]] = {}
-    for t in turns:
-        ids = t["output_token_ids"] or []
-        text = decode(ids) if decode else None
-        scores = (repetition(ids, s.repetition_ngram), None if text is None else unprintable(text))
-        by_window.setdefault(t["start"], []).append(scores)
-    for start, scored in sorted(by_window.items()):
-        bad = sum(rep > s.max_repetition or (np or 0.0) > s.max_nonprintable for rep, np in scored)
-        share = bad / len(scored)
-        nps = [np for _, np in scored if np is not None]
-        sig.windows.append({"start": start, "turns": len(scored), "garbled": bad, "share": share,
-                            "repetition": sum(r for r, _ in scored) / len(scored),
-                            "unprintable": sum(nps) / len(nps) if nps else None})  # fmt: skip
-        if len(scored) >= s.min_samples and share > s.garbled_share:
-            run.alert(sig, start, f"{bad} of {len(scored)} sampled turns garbled ({share:.0%})")
+    if any(r["unscored"] for r in rows):
+        sig.note += f"; {RESCORE}"
+    for r in rows:
+        start, turns = r["start"], r["turns"]
+        texts = unprintable_by_window.get(start, [])
+        unreadable = sum(u > s.max_nonprintable for u in texts)
+        share_repeating = r["repeating"] / turns if turns else 0.0
+        share_unreadable = unreadable / len(texts) if texts else 0.0
+        sig.windows.append({"start": start, "turns": turns, "repeating": r["repeating"],
+                            "sampled": len(texts), "unreadable": unreadable,
+                            "share": max(share_repeating, share_unreadable), "repetition": r["repetition"],
+                            "unprintable": sum(texts) / len(texts) if texts else None})  # fmt: skip
+        if turns >= s.min_samples and share_repeating > s.garbled_share:
+            run.alert(sig, start, f"{r['repeating']} of {turns} turns repeat their {REPETITION_NGRAM}-grams"
+                                  f" ({share_repeating:.0%})")  # fmt: skip
+        elif len(texts) >= s.min_samples and share_unreadable > s.garbled_share:
+            run.alert(
+                sig, start, f"{unreadable} of {len(texts)} sampled turns unprintable ({share_unreadable:.0%})"
+            )
     return sig
 
 
@@ -394,15 +417,9 @@ def sample_tokens(run: RunFigures) -> list[dict[str, Any]]:
             within=("event_time", span["lo"], span["hi"]),
         ).column(0)
         turns += [
-            {"start": span["start"], "output_token_ids": t} for t in ids.to_pylist()[: s.garbled_sample]
+            {"start": span["start"], "output_token_ids": t} for t in ids[: s.garbled_sample].to_pylist()
         ]
     return turns
-
-
-def repetition(ids: Sequence[int], n: int) -> float:
-    """The share of a sequence's n-grams that repeat an earlier one (0: all distinct)."""
-    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
-    return 1 - len(set(grams)) / len(grams) if grams else 0.0
 
 
 def unprintable(text: str) -> float:

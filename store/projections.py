@@ -103,7 +103,7 @@ _TRAJECTORY_CTES = {TRAJECTORY_STARTED: "s", REWARD: "r", TRAJECTORY_FINISHED: "
 
 TURNS_SQL = f"""
 select run_id, trajectory_id, event_id, seq, n_input_tokens, n_output_tokens, n_loss_tokens, sum_logprob,
-  event_time, {fed("turns")}
+  output_repetition, event_time, {fed("turns")}
 from e where event_type = 'turn'
 """
 
@@ -196,7 +196,15 @@ from e where event_type = 'batch_consumed'
 SCALAR_COLUMNS = tuple(f.name for f in FIELDS if (f.projected or f.feeds) and not f.tokens)
 TOKEN_COLUMNS = TOKEN_FIELDS
 EVENT_COLUMNS = SCALAR_COLUMNS + TOKEN_COLUMNS
-"""The `events` columns projections read (token payloads only for their lengths and sums)."""
+"""The `events` columns projections read (token payloads only for their lengths, sums and repetition)."""
+
+REPETITION_NGRAM = 4
+"""`turns.output_repetition` is the share of a turn's output 4-grams that repeat an earlier one."""
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX = np.uint64(0xBF58476D1CE4E5B9)
+_BLOCK, _BLOCK_ROWS = 1 << 16, 1 << 20
+_UNIQUE = np.uint64(0xFFFFFF << 40)  # the row field of no block's row (at most _BLOCK_ROWS)
 
 
 def _list_sums(col: pa.ChunkedArray | pa.Array, lengths: np.ndarray, dtype: type) -> np.ndarray:
@@ -207,8 +215,56 @@ def _list_sums(col: pa.ChunkedArray | pa.Array, lengths: np.ndarray, dtype: type
     return csum[ends] - csum[ends - lengths]
 
 
+def ngram_repetition(col: pa.ChunkedArray | pa.Array, n: int = REPETITION_NGRAM) -> np.ndarray:
+    """Per row of a list column, the share of its n-grams that repeat an earlier n-gram of the
+    row (0: all distinct; NaN: fewer than `n` values), vectorised.
+
+    Each n-gram is hashed to 40 bits under its row's number and the keys sorted, in blocks of
+    whole rows of about `_BLOCK` values that stay in cache (27 ns a token here, 68 in one sort).
+    Two distinct n-grams of a row share a hash with odds near grams²/2⁴¹ (1 in 20,000 for a
+    10,000-token turn), which can only lower its distinct count by one.
+    """
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(col), 0), dtype=np.int64)
+    grams = np.maximum(lengths - n + 1, 0)
+    out = np.full(len(lengths), np.nan)
+    has = grams > 0
+    if not has.any():
+        return out
+    values = np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False)).astype(np.uint64)
+    ends = np.cumsum(lengths)
+    cuts = np.minimum(np.searchsorted(ends, np.arange(_BLOCK, ends[-1], _BLOCK)) + 1, len(lengths))
+    bounds = np.unique(np.concatenate([cuts, np.arange(0, len(lengths), _BLOCK_ROWS), [len(lengths)]]))
+    repeats = np.zeros(len(lengths), np.int64)
+    for r0, r1 in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        local = lengths[r0:r1]
+        block = values[ends[r0] - local[0] : ends[r1 - 1]]
+        windows = len(block) - n + 1
+        if windows <= 0:
+            continue
+        with np.errstate(over="ignore"):  # hashing: arithmetic modulo 2**64
+            h = block[:windows] * _GOLDEN
+            for k in range(1, n):
+                h += block[k : k + windows]
+                h *= _GOLDEN
+            h ^= h >> np.uint64(29)
+            h *= _MIX
+            h >>= np.uint64(24)
+        h |= np.repeat(np.arange(r1 - r0, dtype=np.uint64), local)[:windows] << np.uint64(40)
+        # a window that runs past its row's end is no n-gram: it gets a key of its own
+        row_ends = np.cumsum(local)
+        past = row_ends[:, None] - 1 - np.arange(n - 1)
+        past = past[(past < windows) & (past >= (row_ends - local)[:, None])]
+        h[past] = _UNIQUE | past.astype(np.uint64)
+        h.sort()
+        repeated = h[1:][h[1:] == h[:-1]] >> np.uint64(40)
+        repeats[r0:r1] = np.bincount(repeated.astype(np.int64), minlength=r1 - r0)
+    out[has] = repeats[has] / grams[has]
+    return out
+
+
 def scalarize(events: pa.Table) -> pa.Table:
-    """Drop the token payloads, keeping what projections need of them: lengths and sums."""
+    """Drop the token payloads, keeping what projections need of them: lengths, sums, and the
+    repetition of each turn's output (`ngram_repetition`)."""
 
     def lengths(name: str) -> np.ndarray:
         return np.asarray(
@@ -227,8 +283,12 @@ def scalarize(events: pa.Table) -> pa.Table:
     out = out.append_column(
         "n_loss_tokens", pa.array(np.where(has_mask, loss, n_out).astype(np.int64), pa.int64())
     )
-    return out.append_column(
+    out = out.append_column(
         "sum_logprob", pa.array(_list_sums(events.column("output_logprobs"), n_lp, np.float64))
+    )
+    repetition = ngram_repetition(events.column("output_token_ids"))
+    return out.append_column(
+        "output_repetition", pa.array(repetition, pa.float64(), mask=np.isnan(repetition))
     )
 
 

@@ -139,6 +139,7 @@ TABLES = {
         ("tito_drift", pa.bool_()),
         ("latency_s", pa.float32()),
         ("sum_logprob", pa.float64()),
+        ("output_repetition", pa.float64()),
         ("event_time", TS),
         ("advantage", pa.float64()),
     ],

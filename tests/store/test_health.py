@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from tests.health_runs import ONSET, PATHOLOGIES, STEPS, build_health_lake
@@ -19,9 +21,9 @@ from trajlake.store.health import (
     RunFigures,
     diagnose_health,
     entropy_collapse,
-    repetition,
     unprintable,
 )
+from trajlake.store.projections import ngram_repetition
 
 WORDS = ["the", "model", "reads", "a", "file", "then", "calls", "tool", "and", "writes", "its", "answer",
          "in", "plain", "words", "for", "user"]  # fmt: skip
@@ -92,13 +94,25 @@ def test_a_steep_fall_in_the_last_unfinished_window_waits_for_the_window():
     assert entropy_signal(calm + steep + [0.15, 0.05]).alert.start == 20  # complete: judged
 
 
-@pytest.mark.parametrize(
-    ("ids", "expected"),
-    [([1, 2, 3, 4, 5, 6], 0.0), ([7, 8, 9] * 6, 1 - 3 / 15), ([1, 2], 0.0)],
-    ids=["distinct", "loop", "too-short"],
-)
-def test_repetition_is_the_share_of_repeated_ngrams(ids, expected):
-    assert repetition(ids, 4) == pytest.approx(expected)
+def test_repetition_is_the_share_of_repeated_ngrams():
+    rng = random.Random(3)
+    rows = [
+        [1, 2, 3, 4, 5, 6],
+        [7, 8, 9] * 6,
+        [1, 2, 3, 4, 1, 2, 3],  # its last 1 2 3 and the next row's 4 make no 4-gram
+        [4, 9],
+        None,
+        [],
+    ]
+    rows += [[rng.randrange(40) for _ in range(rng.randrange(60))] for _ in range(3000)]  # repeats
+    rows.insert(1000, [rng.randrange(3000) for _ in range(100_000)])  # scored in blocks of 65,536 tokens
+    column = pa.array([[5, 5, 5, 5, 5], *rows], pa.list_(pa.int32())).slice(1)  # offsets not from 0
+    scores = ngram_repetition(column)
+    assert scores[:3].tolist() == [0.0, pytest.approx(1 - 3 / 15), 0.0]
+    assert np.isnan(scores[3:6]).all()  # under 4 tokens, or none: no 4-gram to judge
+    for ids, score in zip(rows[6:], scores[6:], strict=True):
+        grams = [tuple(ids[i : i + 4]) for i in range(len(ids) - 3)]
+        assert score == pytest.approx(1 - len(set(grams)) / len(grams)) if grams else np.isnan(score)
 
 
 def test_unprintable_counts_control_and_replacement_characters():

@@ -57,8 +57,8 @@ def version(policy_version: int, n_turns: int, n_output_tokens: int, sum_logprob
 
 EXPECTED: dict[str, list[tuple]] = {
     "turns": [
-        ("r", "t", "e02", 1, 0, 3, 3, 2, 1, False, "tool_calls", F05, False, False, 0.5, -0.75, at(2), 0.25),
-        ("r", "t", "e06", 5, 1, 4, 2, 1, 1, True, None, None, True, True, None, -1.0, at(6), None),
+        ("r", "t", "e02", 1, 0, 3, 3, 2, 1, False, "tool_calls", F05, False, False, 0.5, -0.75, None, at(2), 0.25),
+        ("r", "t", "e06", 5, 1, 4, 2, 1, 1, True, None, None, True, True, None, -1.0, None, at(6), None),
     ],
     "tool_calls": [
         ("r", "t", "c1", "python", '{"code":"1+1"}', True, True, False, "timeout", True, False, 2, 2, 1.5,
