@@ -46,6 +46,7 @@ from trajlake.dashboards.query import (
     VersionRange,
     bucket_seconds,
     bucket_width,
+    every_trajectory_has,
     query,
     rows,
     run_clause,
@@ -208,7 +209,7 @@ def rollout_entropy(lake: Any, run_id: Runs, versions: VersionRange = None) -> p
     Read from `trajectories.turns_by_version` (one row per trajectory); from `turns` (one row per
     turn, ~30x more) when a trajectory of the run(s) lacks it, as on a lake written before it
     existed until `trajlake rebuild`."""
-    if _turns_summed_by_version(lake, run_id):
+    if every_trajectory_has(lake, run_id, "turns_by_version"):
         source = f"""SELECT run_id, v.policy_version, v.n_turns, v.n_output_tokens, v.sum_logprob
                      FROM (SELECT run_id, unnest(turns_by_version) AS v FROM {TRAJECTORIES}
                            WHERE {run_clause(run_id)})"""
@@ -223,22 +224,6 @@ def rollout_entropy(lake: Any, run_id: Runs, versions: VersionRange = None) -> p
             GROUP BY ALL ORDER BY {run_key(run_id)}policy_version""",
         run=run_id,
     )
-
-
-def _turns_summed_by_version(lake: Any, run_id: Runs) -> bool:
-    """Whether every trajectory of the run(s) with turns has `turns_by_version`: always on a lake
-    whose `trajectories` had the column from the start; on one that gained it, the rows are checked."""
-    if not lake.exists("trajectories") or "turns_by_version" not in lake.stored_columns("trajectories"):
-        return False
-    if not lake.may_mix_schemas("trajectories"):
-        return True
-    lacking = query(
-        lake,
-        f"""SELECT count(*) AS n FROM {TRAJECTORIES}
-            WHERE {run_clause(run_id)} AND turns_by_version IS NULL AND n_turns > 0""",
-        run=run_id,
-    )
-    return lacking.column("n")[0].as_py() == 0
 
 
 def trainer_entropy(lake: Any, run_id: str) -> pa.Table:

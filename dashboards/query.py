@@ -96,3 +96,20 @@ def bucket_width(table: str, column: str, where: str) -> str:
         f"(SELECT greatest(1, ceil((epoch(max({column})) - epoch(min({column})) + 1) / {TIME_BUCKETS})) AS width "
         f"FROM {table} WHERE {where}) w"
     )
+
+
+def every_trajectory_has(lake: Any, run_id: Runs, column: str) -> bool:
+    """Whether every trajectory of the run(s) with turns has `column`, a sum of its turns: always
+    on a lake whose `trajectories` had the column from the start; on one that gained it, the rows
+    are checked (until `trajlake rebuild`, rows projected before lack it)."""
+    if not lake.exists("trajectories") or column not in lake.stored_columns("trajectories"):
+        return False
+    if not lake.may_mix_schemas("trajectories"):
+        return True
+    lacking = query(
+        lake,
+        f"""SELECT count(*) AS n FROM {TRAJECTORIES}
+            WHERE {run_clause(run_id)} AND "{column}" IS NULL AND n_turns > 0""",
+        run=run_id,
+    )
+    return lacking.column("n")[0].as_py() == 0

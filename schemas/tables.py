@@ -55,12 +55,14 @@ TRAJECTORIES_SCHEMA = _projection(
     ("assistant_tokens", _I64), ("env_tokens", _I64), ("total_tokens", _I64), ("sum_logprob", pa.float64()),
     ("context_peak_fraction", pa.float32()), "nudged", ("n_nudges", _I64), "tito_drift",
     ("n_drift_turns", _I64), ("started_at", _TS), ("finished_at", _TS), ("turns_by_version", TURNS_BY_VERSION),
+    ("generation_s", pa.float64()), ("slowest_turn_s", pa.float64()), ("n_timed_turns", _I64),
 )  # fmt: skip
 """Scalar columns of `trajectories`; the SQL view adds `token_ids`, `logprobs`, `loss_mask`.
 
 `turns_by_version` sums the trajectory's turns per policy version (a trajectory may span
 versions), so per-version figures such as rollout entropy read one row per trajectory, not
-one per turn."""
+one per turn; `generation_s`, `slowest_turn_s` and `n_timed_turns` sum its turns' `latency_s`
+(the latency page's slowest trajectories)."""
 
 TURNS_SCHEMA = _projection(
     "turns",

@@ -134,7 +134,8 @@ v as (
     sum(case when turn_index = 0 then n_input_tokens else 0 end) as prompt_tokens,
     sum(case when turn_index > 0 then n_input_tokens else 0 end) as env_tokens,
     sum(sum_logprob) as sum_logprob, max(context_used_fraction) as context_peak_fraction,
-    count(*) filter (where nudged) as n_nudges, count(*) filter (where tito_drift) as n_drift_turns
+    count(*) filter (where nudged) as n_nudges, count(*) filter (where tito_drift) as n_drift_turns,
+    sum(latency_s) as generation_s, max(latency_s) as slowest_turn_s, count(latency_s) as n_timed_turns
   from e where event_type = 'turn' group by all
 ),
 t as (
@@ -144,7 +145,8 @@ t as (
     sum(sum_logprob) as sum_logprob, max(context_peak_fraction) as context_peak_fraction,
     sum(n_nudges) as n_nudges, sum(n_drift_turns) as n_drift_turns,
     list(struct_pack(policy_version, n_turns, n_output_tokens, sum_logprob) order by policy_version)
-      as turns_by_version
+      as turns_by_version,
+    sum(generation_s) as generation_s, max(slowest_turn_s) as slowest_turn_s, sum(n_timed_turns) as n_timed_turns
   from v group by all
 ),
 tc as (
@@ -176,7 +178,8 @@ select ids.run_id, ids.trajectory_id, {fed("trajectories", _from_cte)},
   coalesce(t.sum_logprob, 0) as sum_logprob, t.context_peak_fraction,
   coalesce(t.n_nudges, 0) > 0 as nudged, coalesce(t.n_nudges, 0) as n_nudges,
   coalesce(t.n_drift_turns, 0) > 0 as tito_drift, coalesce(t.n_drift_turns, 0) as n_drift_turns,
-  s.started_at, f.finished_at, t.turns_by_version
+  s.started_at, f.finished_at, t.turns_by_version,
+  t.generation_s, t.slowest_turn_s, coalesce(t.n_timed_turns, 0) as n_timed_turns
 from ids
 left join s using (run_id, trajectory_id) left join t using (run_id, trajectory_id)
 left join tc using (run_id, trajectory_id) left join r using (run_id, trajectory_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl
 
+import pyarrow as pa
 import pytest
 
 from tests.dashboards.test_app import chart_titles, metric, render
@@ -170,3 +171,38 @@ def test_metrics_report_carries_latency_and_length_percentiles(dash_lake):
         assert version["latency_s_p99"] == pytest.approx(want["p99"], rel=1e-6)
         assert {"output_tokens_p90", "tokens_p50", "turns_p99"} <= set(version)
     assert report["slowest_trajectories"][0]["trajectory_id"] == slowest_by_sql(dash_lake)
+
+
+def test_slowest_trajectories_of_a_lake_projected_before_their_latency_sums(tmp_path, monkeypatch):
+    from trajlake.store import lake as lake_module
+    from trajlake.store.projections import rebuild
+
+    def record(root, trajectory_id, latencies):
+        bus = InProcessBus()
+        with Recorder(bus, RUN).start("task", trajectory_id=trajectory_id) as t:
+            for i, latency in enumerate(latencies):
+                t.turn([4, 5], [-0.5, -0.5], 1, input_token_ids=[i], latency_s=latency)
+            t.finish("completed")
+        DeltaSink(Lake(root), bus, SinkConfig()).run(until_idle_s=0.0)
+
+    def slowest(lake):
+        return [(r["trajectory_id"], r["generation_s"], r["slowest_turn_s"], r["n_timed_turns"])
+                for r in metrics.slowest_trajectories(lake, RUN).to_pylist()]  # fmt: skip
+
+    root = tmp_path / "lake"
+    schema = lake_module.SCHEMAS["trajectories"]
+    sums = ("generation_s", "slowest_turn_s", "n_timed_turns")
+    with monkeypatch.context() as m:
+        older = pa.schema([f for f in schema if f.name not in sums])
+        m.setitem(lake_module.SCHEMAS, "trajectories", older)
+        record(root, "t-old", [2.0, 3.0])
+    assert not set(sums) & set(Lake(root).stored_columns("trajectories"))
+    assert slowest(Lake(root)) == [("t-old", 5.0, 3.0, 2)]  # summed from turns
+    record(root, "t-new", [1.0, None])  # the columns are added; the old trajectory's stay null
+    expected = [("t-old", 5.0, 3.0, 2), ("t-new", 1.0, 1.0, 1)]
+    assert slowest(Lake(root)) == expected
+    assert slowest_by_sql(Lake(root)) == "t-old"
+    rebuild(Lake(root))
+    lake = Lake(root)
+    assert lake.sql("select count(*) from trajectories where n_timed_turns is null").column(0)[0].as_py() == 0
+    assert slowest(lake) == expected  # from the trajectories' own sums now

@@ -121,6 +121,9 @@ TABLES = {
                 )
             ),
         ),
+        ("generation_s", pa.float64()),
+        ("slowest_turn_s", pa.float64()),
+        ("n_timed_turns", pa.int64()),
     ],
     "turns": [
         ("run_id", pa.string()),

@@ -12,6 +12,7 @@ import pytest
 
 from tests.health_runs import ONSET, PATHOLOGIES, STEPS, build_health_lake
 from trajlake.cli import main
+from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.recorder import Recorder
 from trajlake.store.config import HealthSettings
 from trajlake.store.health import (
@@ -179,3 +180,30 @@ def test_a_tokenizer_that_does_not_load_is_an_error_naming_the_fix(health_lake, 
     assert code == 2
     err = capsys.readouterr().err
     assert "does not load" in err and "pass a local model or tokenizer directory" in err
+
+
+def test_turns_projected_before_their_repetition_are_named_and_a_rebuild_scores_them(tmp_path, monkeypatch):
+    from trajlake.ingest.sink import DeltaSink, SinkConfig
+    from trajlake.store import lake as lake_module
+    from trajlake.store.lake import Lake
+    from trajlake.store.projections import rebuild
+
+    bus = InProcessBus()
+    recorder = Recorder(bus, "old", flush_each_turn=False)
+    for version in range(2):
+        for i in range(8):
+            with recorder.start(f"t{i}") as traj:
+                traj.turn([7, 8, 9] * 8, [-0.5] * 24, version, input_token_ids=[1])
+                traj.finish("completed")
+    root = tmp_path / "lake"
+    schema = lake_module.SCHEMAS["turns"]
+    with monkeypatch.context() as m:
+        m.setitem(
+            lake_module.SCHEMAS, "turns", pa.schema([f for f in schema if f.name != "output_repetition"])
+        )
+        DeltaSink(Lake(root), bus, SinkConfig()).run(until_idle_s=0.0)
+    signal = diagnose_health(Lake(root), "old").signal("garbled_output")
+    assert signal.status == NOT_RECORDED and "`trajlake rebuild` scores them" in signal.note
+    rebuild(Lake(root))
+    signal = diagnose_health(Lake(root), "old", HealthSettings(min_samples=8)).signal("garbled_output")
+    assert signal.status == ALERT and signal.windows[0]["turns"] == 16 and signal.windows[0]["share"] == 1

@@ -69,10 +69,10 @@ EXPECTED: dict[str, list[tuple]] = {
     "trajectories": [
         ("r", "t", "task", "g", 1, "math", "h", "m", 100, 3, 4, 1.0, None, "completed", "model",
          "model_capability", "done", True, 2, 2, 1, 1, 0, 2, 1, 3, 2, 8, -1.75, F05, True, 1, True, 1,
-         at(1), at(8), [version(3, 1, 2, -0.75), version(4, 1, 1, -1.0)]),
+         at(1), at(8), [version(3, 1, 2, -0.75), version(4, 1, 1, -1.0)], 0.5, 0.5, 1),
         ("r", "u", "task2", "g", 0, None, None, None, None, None, None, None, None, None, None,
          None, None, False, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, None, False, 0, False, 0,
-         at(10), None, None),
+         at(10), None, None, None, None, 0),
     ],
     "policy_versions": [("r", 3, 3, "ckpt/3", '{"loss":0.5}', at(0))],
     "batch_consumption": [("r", 4, 4, "t", 1, at(9), 0.5), ("r", 4, 4, "u", 2, at(9), -0.5)],
