@@ -192,14 +192,19 @@ class Catalog:
     def register_run(
         self, run_id: str, config: dict[str, Any] | None = None, status: str = "running"
     ) -> None:
-        """Create the run, or update its config and status."""
-        with Session(self.engine) as session, session.begin():
-            run = session.get(Run, run_id)
-            if run is None:
-                session.add(Run(run_id=run_id, config=config, status=status, created_at=self.clock()))
-            else:
-                run.config = config if config is not None else run.config
-                run.status = status
+        """Create the run, or update its config (when given) and status.
+
+        One upsert: ranks that start a run together do not race to insert it (a read, then an
+        insert, let two see no run and the second fail on the key)."""
+        table: Any = Run.__table__
+        stmt = self._insert()(table).values(
+            run_id=run_id, config=config, status=status, created_at=self.clock()
+        )
+        changes = {"status": stmt.excluded.status} | (
+            {"config": stmt.excluded.config} if config is not None else {}
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt.on_conflict_do_update(index_elements=[table.c.run_id], set_=changes))
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """The run as a dict, or None."""
@@ -314,12 +319,15 @@ class Catalog:
                 claimed.extend(conn.execute(self._claim_statement(now), rows).scalars().all())
         return claimed
 
-    def _claim_statement(self, now: dt.datetime) -> Any:
+    def _insert(self) -> Any:
+        """The dialect's `insert`, which has `on_conflict_do_update` (an upsert)."""
         from sqlalchemy.dialects import postgresql, sqlite
 
-        insert: Any = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        return postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+
+    def _claim_statement(self, now: dt.datetime) -> Any:
         table: Any = SamplerLease.__table__
-        stmt = insert(table)
+        stmt = self._insert()(table)
         excluded = stmt.excluded
         return stmt.on_conflict_do_update(
             index_elements=[table.c.run_id, table.c.trajectory_id],

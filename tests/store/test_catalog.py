@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import inspect, text
@@ -52,6 +54,23 @@ def test_runs_and_policy_versions(catalog):
     catalog.record_policy_version("r1", 1, step=10, checkpoint="/c/1.pt")
     catalog.record_policy_version("r1", 2, step=20, checkpoint="/c/2.pt")
     assert catalog.latest_policy_version("r1") == {"version": 2, "step": 20, "checkpoint": "/c/2.pt"}
+
+
+def test_ranks_registering_one_run_at_once_all_succeed(catalog_url):
+    catalogs = [Catalog(catalog_url) for _ in range(6)]
+    barrier = threading.Barrier(len(catalogs))
+
+    def register(catalog: Catalog) -> None:
+        barrier.wait()
+        catalog.register_run("r1", {"rank": 0})
+
+    with ThreadPoolExecutor(len(catalogs)) as pool:
+        list(pool.map(register, catalogs))  # raises what any rank raised
+    catalogs[0].register_run("r1", status="finished")  # no config: the stored one stays
+    assert {k: catalogs[1].get_run("r1")[k] for k in ("config", "status")} == {
+        "config": {"rank": 0}, "status": "finished"}  # fmt: skip
+    for catalog in catalogs:
+        catalog.close()
 
 
 def test_a_claimed_trajectory_is_not_claimed_again(catalog):
