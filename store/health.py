@@ -360,8 +360,8 @@ def garbled_output(run: RunFigures) -> Signal:
                  f"> {s.garbled_share:.0%} of turns repeat > {s.max_repetition:.0%} of their {REPETITION_NGRAM}-grams"
                  f" or are > {s.max_nonprintable:.0%} unprintable")  # fmt: skip
     rows = run.rows(GARBLED_SQL, w=s.window, min_tokens=s.garbled_min_tokens, max_repetition=s.max_repetition)
+    unscored = any(r["unscored"] for r in rows)
     if not any(r["turns"] for r in rows):
-        unscored = any(r["unscored"] for r in rows)
         sig.status = NOT_RECORDED
         sig.note = RESCORE if unscored else f"no turn has {s.garbled_min_tokens}+ output tokens"
         return sig
@@ -374,7 +374,7 @@ def garbled_output(run: RunFigures) -> Signal:
     sig.note = (
         "repetition and unprintable text" if decode else "repetition only: no local tokenizer for the run"
     )
-    if any(r["unscored"] for r in rows):
+    if unscored:
         sig.note += f"; {RESCORE}"
     for r in rows:
         start, turns = r["start"], r["turns"]
