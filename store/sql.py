@@ -265,9 +265,14 @@ def read_trajectory(lake: Lake, trajectory_id: str, run_id: str | None = None) -
     The point lookup that stays flat as a run piles up files: the view itself checks every
     file's footer. Zero rows if the id is not in the lake; one per run that has it, unless
     `run_id` is given.
+
+    The footers it reads stay in DuckDB's Parquet metadata cache, set for this cursor only so
+    that the sink's projection reads, which never read a file twice, do not fill it: parsing the
+    footer of a merged events file (66 row groups, 380 KB) was 20 ms of a 24 ms read.
     """
     con = connection()
     try:
+        con.execute("set parquet_metadata_cache = true")
         names = ("trajectories", "events")
         files = {
             name: lake.files_within(name, "trajectory_id", trajectory_id, trajectory_id) for name in names

@@ -13,6 +13,7 @@ from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.store.lake import Lake
+from trajlake.store.sql import connection
 
 RUN = "prune"
 COMMITS = 6
@@ -51,6 +52,19 @@ def test_a_trajectory_is_read_from_the_files_that_hold_it_and_equals_the_view(ma
         viewed = many_files.sql("select * from trajectories where trajectory_id = $id", {"id": tid})
         assert looked_up.num_rows == 1
         assert looked_up.to_pylist() == viewed.to_pylist()  # every scalar and the token lists
+
+
+def test_footers_stay_cached_for_lookups_but_not_for_the_sinks_reads(many_files):
+    """The lookup turns DuckDB's Parquet metadata cache on for its own cursor: the projections'
+    reads on the process's other cursors (every new file, once) do not fill it."""
+    tid = ids(many_files)[0]
+    assert many_files.trajectory(tid).num_rows == 1
+    con = connection()
+    try:
+        assert con.execute("select current_setting('parquet_metadata_cache')").fetchall() == [(False,)]
+    finally:
+        con.close()
+    assert many_files.trajectory(tid).to_pylist() == many_files.trajectory(tid).to_pylist()
 
 
 def test_an_unknown_id_reads_no_file_and_finds_nothing(many_files):
