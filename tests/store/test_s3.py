@@ -11,6 +11,7 @@ import pytest
 from tests.fixtures.kafka import wait_for_split
 from trajlake.ingest.config import KafkaConfig
 from trajlake.schemas import events_to_table, make_event
+from trajlake.store import projections
 from trajlake.store.lake import Lake
 
 pytestmark = pytest.mark.integration
@@ -26,6 +27,9 @@ def test_an_s3_lake_stores_and_queries_events(s3_lake_root: str) -> None:
         assert all(f.startswith("s3://") for f in lake.files("events"))
         rows = lake.sql("select policy_version from events order by 1").column("policy_version").to_pylist()
         assert rows == [0, 1, 2, 3, 4]
+        # rebuild reads the events files from S3 a row group at a time
+        assert projections.rebuild(lake)["policy_versions"] == 5
+        assert lake.sql("select count(*) as n from policy_versions").column("n").to_pylist() == [5]
     finally:
         lake.close()
 
