@@ -450,7 +450,10 @@ def ingest_lag(lake: Any, run_id: str) -> pa.Table:
     (after `trajlake compact` rewrites files, it is the compaction time for the rows it moved).
     One scan reads `run_id` and `event_time` of only the files whose Delta statistics may hold
     the run; the buckets split the run's `event_time_extent`, and both percentiles come from
-    one sort. Returns `bucket_start, n_events, lag_p50_s, lag_p95_s, lag_max_s`.
+    one sort. The arithmetic is on integer microseconds and the bucket is a number until the
+    groups are formed: per row, `epoch()` and a timestamp to group on took half the query's
+    time (13M events of a 1B-token run). Returns `bucket_start, n_events, lag_p50_s,
+    lag_p95_s, lag_max_s`.
     """
     schema = pa.schema(
         [("bucket_start", pa.timestamp("us", tz="UTC")), ("n_events", pa.int64())]
@@ -465,15 +468,16 @@ def ingest_lag(lake: Any, run_id: str) -> pa.Table:
     first, last = (t.timestamp() for t in extent)
     return query(
         lake,
-        """SELECT bucket_start, n_events, q[1] AS lag_p50_s, q[2] AS lag_p95_s, lag_max_s FROM (
-                SELECT to_timestamp(floor(epoch(event_time) / $width) * $width) AS bucket_start, count(*) AS n_events,
-                       quantile_cont(lag_s, [0.5, 0.95]) AS q, max(lag_s) AS lag_max_s
-                FROM (SELECT event_time, $written_ms[file_index::BIGINT + 1] / 1000.0 - epoch(event_time) AS lag_s
+        """SELECT to_timestamp(bucket * $width) AS bucket_start, n_events, q[1] / 1e6 AS lag_p50_s,
+                  q[2] / 1e6 AS lag_p95_s, lag_max_us / 1e6 AS lag_max_s FROM (
+                SELECT us // ($width * 1000000) AS bucket, count(*) AS n_events,
+                       quantile_cont(lag_us, [0.5, 0.95]) AS q, max(lag_us) AS lag_max_us
+                FROM (SELECT epoch_us(event_time) AS us, $written_us[file_index::BIGINT + 1] - us AS lag_us
                       FROM read_parquet($files) WHERE run_id = $run)
                 GROUP BY ALL)
             ORDER BY bucket_start""",
         files=files.column("uri").to_pylist(),
-        written_ms=files.column("modification_time").cast(pa.int64()).to_pylist(),
+        written_us=pc.multiply(files.column("modification_time").cast(pa.int64()), 1000).to_pylist(),
         width=bucket_seconds(first, last),
         run=run_id,
     ).cast(schema)
