@@ -567,12 +567,15 @@ class Lake:
         within: tuple[str, Any, Any] | None = None,
         among: tuple[str, Sequence[Any]] | None = None,
         files: pa.Table | None = None,
+        select: str | None = None,
     ) -> pa.Table:
         """Rows of a stored table (no views), optionally projected and filtered with SQL.
 
         Args:
             name: the table.
             columns: columns to read (all if None).
+            select: instead of `columns`, trusted SQL expressions over the rows (e.g. aggregates),
+                so that a count of a million rows returns one row, not the million.
             where: a SQL condition; values go in `params` (`?` or `$name`), never into the text.
             params: DuckDB parameters of `where`.
             within: (column, lo, hi): read only the files that may hold a `column` value in
@@ -589,7 +592,7 @@ class Lake:
         if among is not None:
             column, values = among
             if not values:
-                return read_files(self, name, columns, "false", None, [])
+                return read_files(self, name, columns, "false", None, [], select=select)
             if isinstance(params, Mapping) or within is not None:
                 raise TypeError("read(among=...) takes positional params (`?`) and no `within`")
             lo, hi = min(values), max(values)
@@ -601,7 +604,7 @@ class Lake:
             uris = (files if within is None else _may_hold(files, *within)).column("uri").to_pylist()
         else:
             uris = self.files_within(name, *within) if within else None
-        return read_files(self, name, columns, where, params, uris)
+        return read_files(self, name, columns, where, params, uris, select=select)
 
     def trajectory(self, trajectory_id: str, run_id: str | None = None) -> pa.Table:
         """One trajectory with its token lists, from only the files that may hold it (`read_trajectory`)."""

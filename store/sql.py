@@ -245,13 +245,16 @@ def read_files(
     where: str | None,
     params: Params = None,
     files: Sequence[str] | None = None,
+    select: str | None = None,
 ) -> pa.Table:
     """Internal read of one stored table, or of some of its `files` (trusted SQL: no read-only
-    guard); values go in `params`."""
+    guard); values go in `params`. `select` replaces `columns` with SQL expressions."""
+    if select is not None and columns is not None:
+        raise TypeError("read_files takes columns or select, not both")
     con = connection()
     try:
         register_tables(con, lake, [name], temp=True, files=None if files is None else {name: files})
-        cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
+        cols = select or (", ".join(f'"{c}"' for c in columns) if columns else "*")
         query = f"select {cols} from _t_{name}" + (f" where {where}" if where else "")
         return con.sql(query, params=params).to_arrow_table()
     finally:

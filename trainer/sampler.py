@@ -84,22 +84,20 @@ def _reach(files: pa.Table, run_id: str, oldest: int) -> pa.Table:
     return files.filter(may)
 
 
-def _finished_counts(finished: pa.Table) -> dict[str, int]:
-    """The run's finished trajectories (their `failure_origin` and `reward`): all of them, system
-    failures, and the others without a reward."""
-    system = pc.fill_null(pc.equal(finished.column("failure_origin"), "system"), False)
-    return {
-        "finished": finished.num_rows,
-        "system_failures": pc.sum(system).as_py() or 0,
-        "no_reward": pc.sum(pc.and_(pc.invert(system), pc.is_null(finished.column("reward")))).as_py() or 0,
-    }
+FINISHED_COUNTS = (
+    "count(*) AS finished, count(*) FILTER (failure_origin = 'system') AS system_failures, "
+    "count(*) FILTER (failure_origin IS DISTINCT FROM 'system' AND reward IS NULL) AS no_reward"
+)
+"""The run's finished trajectories counted in SQL: all of them, system failures, and the others
+without a reward. One row, where reading the two columns moved a million rows into Arrow (0.10 s
+against 0.04 s on a 1B-token run)."""
 
 
 def _out_of_reach(finished: dict[str, int], cols: dict[str, list[Any]]) -> SamplerStats:
     """The counts of the rows `select_groups` does not read (every one finished and too stale): the
-    run's `_finished_counts` less those of the rows within reach. Two narrow columns of the finished
-    rows, without the join that picks the groups out of reach (on a million trajectories 0.08 s
-    against 0.41 s)."""
+    run's `FINISHED_COUNTS` less those of the rows within reach: counts of the finished rows,
+    without the join that picks the groups out of reach (on a million trajectories 0.08 s
+    against 0.41 s, before the counts moved into SQL)."""
     for i, done in enumerate(cols["finished"]):
         if done:
             finished["finished"] -= 1
@@ -207,15 +205,15 @@ class Sampler:
 
     def _rows_in_reach(self, run_id: str, oldest: int) -> tuple[pa.Table, dict[str, int]]:
         """The `SCALAR_COLUMNS` of every member of a group with a row `IN_REACH`, and the run's
-        `_finished_counts`, read from one snapshot: the files that may hold such a row, then those
+        `FINISHED_COUNTS`, read from one snapshot: the files that may hold such a row, then those
         whose `group_id` (or, for a trajectory without a group, `trajectory_id`) range may hold
         their groups' other members."""
         lake = self.lake
         files = lake.file_stats("trajectories")
         run = "run_id = ?"
         finished = lake.read(
-            "trajectories", ["failure_origin", "reward"], f"{run} and finished", [run_id], files=files
-        )
+            "trajectories", where=f"{run} and finished", params=[run_id], files=files, select=FINISHED_COUNTS
+        ).to_pylist()[0]
         reach = _reach(files, run_id, oldest)
         keys = lake.read(
             "trajectories", ["group_id", "trajectory_id"], IN_REACH, [run_id, oldest], files=reach
@@ -230,7 +228,7 @@ class Sampler:
             where = f"{run} and coalesce(group_id, '') = ''"
             among = ("trajectory_id", alone)
             parts.append(lake.read("trajectories", SCALAR_COLUMNS, where, [run_id], among=among, files=files))
-        return pa.concat_tables(parts), _finished_counts(finished)
+        return pa.concat_tables(parts), finished
 
     def _admit(self, cols: dict[str, list[Any]], i: int, version: int, stats: SamplerStats) -> _Member | None:
         """The trajectory as a group member, or None (counted) if it must not be trained on."""

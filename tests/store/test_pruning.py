@@ -107,9 +107,9 @@ def test_rows_among_some_ids_are_read_from_the_files_of_their_range_and_equal_an
     opened: list[list[str] | None] = []
     real = sql.read_files
 
-    def spy(lake, name, columns, where, params, files):
+    def spy(lake, name, columns, where, params, files, select=None):
         opened.append(files)
-        return real(lake, name, columns, where, params, files)
+        return real(lake, name, columns, where, params, files, select=select)
 
     monkeypatch.setattr(sql, "read_files", spy)
     columns, order = (
