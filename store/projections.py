@@ -503,6 +503,9 @@ def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, i
                 for name in names:
                     adds[name] += lake.write_files(name, rows[name]) if rows[name].num_rows else []
                     counts[name] += rows[name].num_rows
+                # before the next bucket loads: a bucket's events and rows held while the next
+                # one's events are read raised the peak RSS by about 0.4 GB at 1M events a bucket
+                del events, rows
     finally:
         con.close()
     for name in names:
