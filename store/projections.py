@@ -372,15 +372,14 @@ def _events_row_groups(path: str, fs: pafs.FileSystem) -> Iterator[pa.Table]:
     """`_read_events_file`, a row group at a time: what bounds rebuild's memory by the row group,
     not the file. pyarrow's dataset scanner, even without read-ahead, held up to 0.6 GB of a
     merged 265 MB file's column chunks at once; a row group holds 13 MB."""
+    from trajlake.store.lake import _cast
+
     schema = pa.schema([SCHEMAS_EVENTS.field(c) for c in EVENT_COLUMNS])
     with fs.open_input_file(path) as f:
         parquet = pq.ParquetFile(f)
         present = [c for c in EVENT_COLUMNS if c in parquet.schema_arrow.names]
         for i in range(parquet.num_row_groups):
-            group = parquet.read_row_group(i, columns=present)
-            columns = [group.column(c) if c in present else pa.nulls(group.num_rows, schema.field(c).type)
-                       for c in EVENT_COLUMNS]  # fmt: skip
-            yield pa.Table.from_arrays(columns, names=list(EVENT_COLUMNS)).cast(schema)
+            yield _cast(parquet.read_row_group(i, columns=present), schema)  # a newer column reads as null
 
 
 def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Table]) -> pa.Table:
