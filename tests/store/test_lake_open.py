@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from trajlake.store.errors import LakeError
-from trajlake.store.lake import CHECKPOINT_INTERVAL, Lake
+from trajlake.store.lake import CHECKPOINT_INTERVAL, LOG_CLEANUP_INTERVAL, Lake
 
 
 def one_row(i: int) -> pa.Table:
@@ -32,6 +32,29 @@ def test_a_long_log_is_checkpointed_so_a_reader_replays_few_commits(tmp_path) ->
     assert len(checkpoints) == 2
     assert writer.version("trainer_steps") - checkpoints[-1] <= CHECKPOINT_INTERVAL
     assert Lake(tmp_path / "lake").read("trainer_steps").num_rows == 2 * CHECKPOINT_INTERVAL + 3
+
+
+def test_expired_log_entries_are_cleaned_up_every_interval_not_at_every_commit(tmp_path) -> None:
+    """delta-rs's clean-up after each commit lists the whole log; the lake runs it every
+    `LOG_CLEANUP_INTERVAL` versions, and the table reads the same afterwards."""
+    writer = Lake(tmp_path / "lake")
+    writer.append("trainer_steps", one_row(0))
+    writer.delta("trainer_steps").alter.set_table_properties(
+        {"delta.logRetentionDuration": "interval 0 seconds"}
+    )
+    log = tmp_path / "lake" / "trainer_steps" / "_delta_log"
+    commits = lambda: sorted(int(p.name.split(".")[0]) for p in log.glob("*.json"))  # noqa: E731
+    while writer.version("trainer_steps") < LOG_CLEANUP_INTERVAL - 1:
+        writer.append("trainer_steps", one_row(writer.version("trainer_steps")))
+    assert commits()[0] == 0  # every commit is still there
+    rows = writer.read("trainer_steps").column("step").to_pylist()
+    writer.append("trainer_steps", one_row(LOG_CLEANUP_INTERVAL))
+    assert writer.version("trainer_steps") == LOG_CLEANUP_INTERVAL
+    assert commits()[0] >= LOG_CLEANUP_INTERVAL - CHECKPOINT_INTERVAL  # the last checkpoint on
+    reader = Lake(tmp_path / "lake")
+    assert sorted(reader.read("trainer_steps").column("step").to_pylist()) == sorted(
+        [*rows, LOG_CLEANUP_INTERVAL]
+    )
 
 
 def test_a_table_whose_first_commits_were_cleaned_up_still_exists(tmp_path) -> None:
