@@ -91,6 +91,7 @@ FINISHED_COUNTS = (
 """The run's finished trajectories counted in SQL: all of them, system failures, and the others
 without a reward. One row, where reading the two columns moved a million rows into Arrow (0.10 s
 against 0.04 s on a 1B-token run)."""
+COUNTED = ("finished", "system_failures", "no_reward")
 
 
 def _out_of_reach(finished: dict[str, int], cols: dict[str, list[Any]]) -> SamplerStats:
@@ -160,6 +161,8 @@ class Sampler:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:rank{rank}:{uuid.uuid4().hex[:6]}"
         self.recorder = recorder
         self.handed_out = 0
+        self._beyond: tuple[frozenset[str], dict[str, int]] = (frozenset(), dict.fromkeys(COUNTED, 0))
+        """The `trajectories` files out of reach when last counted, and their `FINISHED_COUNTS`."""
 
     # -- selection ------------------------------------------------------------------------
     def select_groups(
@@ -211,10 +214,8 @@ class Sampler:
         lake = self.lake
         files = lake.file_stats("trajectories")
         run = "run_id = ?"
-        finished = lake.read(
-            "trajectories", where=f"{run} and finished", params=[run_id], files=files, select=FINISHED_COUNTS
-        ).to_pylist()[0]
         reach = _reach(files, run_id, oldest)
+        finished = self._finished_counts(files, reach, run_id)
         keys = lake.read(
             "trajectories", ["group_id", "trajectory_id"], IN_REACH, [run_id, oldest], files=reach
         )
@@ -229,6 +230,32 @@ class Sampler:
             among = ("trajectory_id", alone)
             parts.append(lake.read("trajectories", SCALAR_COLUMNS, where, [run_id], among=among, files=files))
         return pa.concat_tables(parts), finished
+
+    def _finished_counts(self, files: pa.Table, reach: pa.Table, run_id: str) -> dict[str, int]:
+        """The run's `FINISHED_COUNTS`: those of the files within reach, read at every batch, and
+        those of the files out of reach, read once. A data file never changes, so the count of
+        the files out of reach only gains the files that left the window since the last batch; it
+        starts again if one is gone (compacted) or came back within reach. On a 1B-token run the
+        count of every row took 25-30 ms a batch, against 7 ms at 10M."""
+        lake, where = self.lake, "run_id = ? and finished"
+
+        def count(part: pa.Table) -> dict[str, int]:
+            rows = lake.read("trajectories", where=where, params=[run_id], files=part, select=FINISHED_COUNTS)
+            return rows.to_pylist()[0]
+
+        beyond = files.filter(pc.invert(pc.is_in(files.column("uri"), reach.column("uri"))))
+        uris = frozenset(beyond.column("uri").to_pylist())
+        known, counts = self._beyond
+        if not known <= uris:
+            known, counts = frozenset(), dict.fromkeys(COUNTED, 0)
+        if uris - known:
+            fresh = count(
+                beyond.filter(pc.invert(pc.is_in(beyond.column("uri"), pa.array(list(known), pa.string()))))
+            )
+            counts = {k: counts[k] + fresh[k] for k in COUNTED}
+        self._beyond = (uris, counts)
+        near = count(reach)
+        return {k: counts[k] + near[k] for k in COUNTED}
 
     def _admit(self, cols: dict[str, list[Any]], i: int, version: int, stats: SamplerStats) -> _Member | None:
         """The trajectory as a group member, or None (counted) if it must not be trained on."""

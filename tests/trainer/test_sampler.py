@@ -9,6 +9,7 @@ import pytest
 
 from trajlake.ingest.recorder import Recorder
 from trajlake.store.catalog import Catalog, default_url, utcnow
+from trajlake.store.compact import compact
 from trajlake.store.projections import catch_up
 from trajlake.trainer.batch import pack_micro_batches
 from trajlake.trainer.config import SamplerConfig
@@ -108,6 +109,44 @@ def test_files_past_the_staleness_window_are_not_read_but_their_groups_members_a
     assert (stats.finished, stats.stale) == (8, 4)  # stale: the old pair, the old span member, the old loner
     everything = sampler(lake, catalog, max_staleness=10, groups_per_batch=10).select_groups(5)[1]
     assert (everything.finished, everything.stale) == (8, 0)
+
+
+def test_a_samplers_counts_stay_right_as_its_window_moves_and_files_are_compacted(
+    lake, catalog, make_run, pair, spec, monkeypatch
+):
+    """A sampler counts the files out of its window once (a data file never changes): its counts
+    match a fresh sampler's as the window moves on, moves back, and after a compaction."""
+    for version in range(4):
+        failed = spec(f"g{version}", reward=None, version=version, status="error", origin="system")
+        make_run([*pair(f"g{version}", version=version), failed])
+    reads: list[int] = []  # files each count of the run's finished rows read
+    real_read = lake.read
+
+    def spy(name, *args, files=None, select=None, **kw):
+        if select is not None:
+            reads.append(files.num_rows)
+        return real_read(name, *args, files=files, select=select, **kw)
+
+    monkeypatch.setattr(lake, "read", spy)
+
+    def counts(chooser: Sampler, version: int) -> tuple[int, ...]:
+        stats = chooser.select_groups(trainer_version=version)[1]
+        return stats.finished, stats.system_failures, stats.no_reward, stats.stale
+
+    def fresh(version: int) -> tuple[int, ...]:
+        return counts(sampler(lake, catalog, max_staleness=0, groups_per_batch=10), version)
+
+    chooser = sampler(lake, catalog, max_staleness=0, groups_per_batch=10)
+    for version in (1, 3, 0, 3):
+        assert counts(chooser, version) == fresh(version)
+    assert fresh(3) == (12, 4, 0, 6)
+    reads.clear()
+    assert counts(chooser, 3) == (12, 4, 0, 6)
+    files = lake.file_stats("trajectories").num_rows
+    assert len(reads) == 1 and reads[0] < files  # the files within reach only
+    compact(lake, vacuum=False)
+    assert lake.file_stats("trajectories").num_rows < files
+    assert counts(chooser, 3) == fresh(3) == (12, 4, 0, 6)
 
 
 def test_files_without_statistics_are_read(lake, catalog, make_run, pair):
