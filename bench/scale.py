@@ -5,7 +5,8 @@ One run is appended to in steps through the production ingest path (loadgen -> i
 version every ~2M tokens, as a trainer's versions advance). At each size it measures:
   ingest_tokens_per_s     the growth step's sink throughput (generating the events is untimed)
   catch_up_s              projections catching up on a fixed batch of 1,000 new trajectories
-                          committed with projections off (what a lagging projector does)
+                          committed with projections off (what a lagging projector does); the
+                          median of 3 such batches
   point_lookup_cold_s     one trajectory with its token_ids, logprobs and loss_mask by trajectory_id
                           (`Lake.trajectory`: only the files whose Delta statistics may hold it), on
                           a fresh Lake (its Delta snapshots opened by the lookup)
@@ -15,7 +16,9 @@ version every ~2M tokens, as a trainer's versions advance). At each size it meas
   page_<name>_s           every dashboard page rendered by Streamlit's AppTest, caches cleared;
                           slowest_page_s is the largest; metrics_s is `trajlake metrics --format json`
   sampler_batch_s         a batch of 32 groups of 8 (up to 256 trajectories; staleness filter) leased in
-                          a SQLite catalog; lease_round_trip_s releases and claims it again
+                          a SQLite catalog, the first of a new sampler; lease_round_trip_s releases
+                          and claims it again; sampler_next_batch_s the median of the same
+                          sampler's next 3 batches (a trainer's every step after its first)
   rebuild_s, compact_s    `rebuild` of every projection and `compact` (optimize, no vacuum), each
                           checked to leave the run's aggregates unchanged (so every size after the
                           first starts from a compacted lake, as a run compacted now and then)
@@ -55,6 +58,7 @@ CHUNK_TOKENS = 2_000_000
 """Tokens per loadgen call (2,000 short or 200 long trajectories): one policy version each,
 generated, then drained by the sink."""
 CATCH_UP_TRAJECTORIES = 1_000
+CATCH_UPS = 3
 BATCH_TRAJECTORIES = 256
 GROUP_SIZE = 8
 SHAPES: dict[str, dict[str, int]] = {
@@ -64,8 +68,9 @@ SHAPES: dict[str, dict[str, int]] = {
 }
 FULL_SIZES = [1e7, 1e8, 1e9]
 QUICK_SIZES = [1e6, 1e7, 1e8]
-REPORTED = ("point_lookup_warm_s", "point_lookup_cold_s", "catch_up_s", "sampler_batch_s", "slowest_page_s",
-            "slowest_sql_s", "peak_rss_mb", "lake_bytes_per_token")  # fmt: skip
+REPORTED = ("point_lookup_warm_s", "point_lookup_cold_s", "catch_up_s", "sampler_batch_s",
+            "sampler_next_batch_s", "slowest_page_s", "slowest_sql_s", "peak_rss_mb",
+            "lake_bytes_per_token")  # fmt: skip
 
 SQL = {
     "reward_by_version": "select policy_version_max as version, avg(reward) as reward, count(*) as n "
@@ -96,15 +101,12 @@ def grow(lake: Any, state: dict[str, Any], target_tokens: float, shape: str) -> 
 
     added, seconds = 0, 0.0
     while True:
-        # stop short of the target by the catch-up batch that follows; the first chunk measures the shape
+        # stop short of the target by the catch-up batches that follow; the first chunk measures the shape
         per_trajectory = state["tokens"] / state["trajectories"] if state["trajectories"] else None
-        if per_trajectory and state["tokens"] + CATCH_UP_TRAJECTORIES * per_trajectory >= target_tokens:
+        reserved = CATCH_UPS * CATCH_UP_TRAJECTORIES
+        if per_trajectory and state["tokens"] + reserved * per_trajectory >= target_tokens:
             break
-        left = (
-            (target_tokens - state["tokens"]) / per_trajectory - CATCH_UP_TRAJECTORIES
-            if per_trajectory
-            else 200
-        )
+        left = (target_tokens - state["tokens"]) / per_trajectory - reserved if per_trajectory else 200
         chunk = CHUNK_TOKENS / per_trajectory if per_trajectory else left
         n = max(GROUP_SIZE, GROUP_SIZE * round(min(chunk, left) / GROUP_SIZE))
         bus = InProcessBus(topic=f"{RUN}-{state['chunks']}", partitions=4)
@@ -173,7 +175,7 @@ def point_lookups(root: Path, trajectory_id: str) -> tuple[float, float, float]:
     return cold, warm, sql_warm
 
 
-def sampler_figures(root: Path, workdir: Path, latest_version: int) -> tuple[float, float]:
+def sampler_figures(root: Path, workdir: Path, latest_version: int) -> tuple[float, float, float]:
     from trajlake.store.catalog import Catalog
     from trajlake.store.lake import Lake
     from trajlake.trainer.config import SamplerConfig
@@ -198,9 +200,15 @@ def sampler_figures(root: Path, workdir: Path, latest_version: int) -> tuple[flo
             raise RuntimeError("the released batch could not be leased again")
 
     lease_s = timed(round_trip)
+
+    def next_batch(step: int) -> None:
+        if sampler.next_batch(trainer_version=latest_version, step=step) is None:
+            raise RuntimeError("the sampler ran out of batches")
+
+    next_s = statistics.median(timed(lambda s=step: next_batch(s)) for step in range(1, 4))
     catalog.close()
     lake.close()
-    return batch_s, lease_s
+    return batch_s, lease_s, next_s
 
 
 def pages(root: Path) -> dict[str, float]:
@@ -273,7 +281,7 @@ def step(
         lake = Lake(root)
         added, sink_s = grow(lake, state, target_tokens, shape)
         fig["ingest_tokens_per_s"] = added / sink_s if sink_s else float("nan")
-        fig["catch_up_s"] = catch_up(lake, state, shape)
+        fig["catch_up_s"] = statistics.median(catch_up(lake, state, shape) for _ in range(CATCH_UPS))
         state_file.write_text(json.dumps(state))
         fig["tokens"], fig["trajectories"] = state["tokens"], state["trajectories"]
         oldest = lake.sql(
@@ -300,7 +308,9 @@ def step(
             fig[f"page_{page}_s"] = seconds
         fig["slowest_page_s"] = max(v for k, v in fig.items() if k.startswith("page_"))
         fig["metrics_s"] = metrics_seconds(root)
-        fig["sampler_batch_s"], fig["lease_round_trip_s"] = sampler_figures(root, workdir, known["latest"])
+        fig["sampler_batch_s"], fig["lease_round_trip_s"], fig["sampler_next_batch_s"] = sampler_figures(
+            root, workdir, known["latest"]
+        )
     else:
         lake = Lake(root)
         fig[f"{phase}_s"] = timed(
