@@ -5,6 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from trajlake.schemas import events_to_table
@@ -109,3 +112,20 @@ def test_projections_read_these_event_columns() -> None:
 
 def test_a_turns_advantage_reaches_the_turns_table_and_is_null_when_not_sent(projected: dict) -> None:
     assert projected["turns"].column("advantage").to_pylist() == [0.25, None]
+
+
+def test_per_turn_sums_skip_null_and_empty_lists_wherever_they_fall():
+    """`_list_sums` (logprob sums, loss-mask counts) matches a plain sum per row, with null and
+    empty lists first, between and last, over a column of several chunks."""
+    rows = [None, [], [0.5, -1.25], None, [2.0], [], [-0.5, -0.5, 1.0], []]
+    column = pa.chunked_array(
+        [pa.array(rows[:3], pa.list_(pa.float32())), pa.array(rows[3:], pa.list_(pa.float32()))]
+    )
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0), dtype=np.int64)
+    assert pj._list_sums(column, lengths, np.float64).tolist() == [sum(r or []) for r in rows]
+    masks = pa.array([[True, False, True], None, [], [False], [True]], pa.list_(pa.bool_()))
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(masks), 0), dtype=np.int64)
+    assert pj._list_sums(masks, lengths, np.int64).tolist() == [2, 0, 0, 0, 1]
+    assert pj._list_sums(
+        pa.array([None, []], pa.list_(pa.bool_())), np.zeros(2, np.int64), np.int64
+    ).tolist() == [0, 0]
