@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import re
 import threading
@@ -28,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Field, PostCommitHookProperties, Transaction
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake.schemas.events import EVENTS_SCHEMA
@@ -61,6 +62,7 @@ LOG_CLEANUP_INTERVAL = 100
 EVOLVED_APP_ID = "trajlake-schema"
 """A `txn` app id in the commit that gave a table new columns: its files may lack some of them."""
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+log = logging.getLogger(__name__)
 
 
 def _is_file(path: str) -> bool:
@@ -176,7 +178,10 @@ class Lake:
         self._catch_up(name, table)
         version = table.version()
         if version % LOG_CLEANUP_INTERVAL == 0:
-            table.cleanup_metadata()
+            try:
+                table.cleanup_metadata()
+            except (OSError, DeltaError) as err:  # the commit stands; the next interval tries again
+                log.warning("could not clean up expired log entries of %s: %s", name, err)
         return version
 
     def _open(self, name: str, create: bool) -> DeltaTable:

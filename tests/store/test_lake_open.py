@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
+from trajlake.store import lake as lake_module
 from trajlake.store.errors import LakeError
 from trajlake.store.lake import CHECKPOINT_INTERVAL, LOG_CLEANUP_INTERVAL, Lake
 
@@ -55,6 +57,19 @@ def test_expired_log_entries_are_cleaned_up_every_interval_not_at_every_commit(t
     assert sorted(reader.read("trainer_steps").column("step").to_pylist()) == sorted(
         [*rows, LOG_CLEANUP_INTERVAL]
     )
+
+
+def test_a_failed_log_clean_up_leaves_the_commit_standing(tmp_path, monkeypatch, caplog) -> None:
+    def refuse(self: DeltaTable) -> None:
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(lake_module, "LOG_CLEANUP_INTERVAL", 1)
+    monkeypatch.setattr(DeltaTable, "cleanup_metadata", refuse)
+    writer = Lake(tmp_path / "lake")
+    writer.append("trainer_steps", one_row(0))
+    writer.append("trainer_steps", one_row(1))
+    assert Lake(tmp_path / "lake").read("trainer_steps").num_rows == 2
+    assert "could not clean up expired log entries of trainer_steps: read-only file system" in caplog.text
 
 
 def test_a_table_whose_first_commits_were_cleaned_up_still_exists(tmp_path) -> None:
