@@ -248,10 +248,8 @@ class Sampler:
         known, counts = self._beyond
         if not known <= uris:
             known, counts = frozenset(), dict.fromkeys(COUNTED, 0)
-        if uris - known:
-            fresh = count(
-                beyond.filter(pc.invert(pc.is_in(beyond.column("uri"), pa.array(list(known), pa.string()))))
-            )
+        if left := uris - known:  # the files that left the window since the last count
+            fresh = count(beyond.filter(pc.is_in(beyond.column("uri"), pa.array(sorted(left), pa.string()))))
             counts = {k: counts[k] + fresh[k] for k in COUNTED}
         self._beyond = (uris, counts)
         near = count(reach)
