@@ -129,3 +129,24 @@ def test_per_turn_sums_skip_null_and_empty_lists_wherever_they_fall():
     assert pj._list_sums(
         pa.array([None, []], pa.list_(pa.bool_())), np.zeros(2, np.int64), np.int64
     ).tolist() == [0, 0]
+
+
+def test_scalarize_gives_the_same_rows_when_split_across_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices of rows reduced on several threads add up to the rows of one pass over the table:
+    lengths, sums and repetition of every turn, null token lists among them, stay in place."""
+    rng = np.random.default_rng(7)
+    turns = []
+    for i in range(31):
+        n = int(rng.integers(0, 40))
+        tokens = rng.integers(0, 6, n).tolist()  # a small vocabulary: n-grams repeat
+        turns.append(event(i, "turn", trajectory_id=f"t{i % 4}", seq=i, turn_index=i, policy_version=1,
+                           input_token_ids=None if i % 5 == 0 else tokens[: n // 2], output_token_ids=tokens,
+                           output_logprobs=[-0.5] * n, loss_mask=None if i % 7 == 0 else [True] * n))  # fmt: skip
+    table = events_to_table(turns)
+    whole = pj._scalarize(table)
+    monkeypatch.setattr(pj, "_cores", lambda: 3)
+    monkeypatch.setattr(pj, "SCALARIZE_SLICE_ROWS", 4)
+    split = pj.scalarize(table)
+    assert split.to_pylist() == whole.to_pylist()
+    assert split.column("n_output_tokens").to_pylist() == [len(t["output_token_ids"]) for t in turns]
+    assert split.column("output_repetition").null_count < len(turns)  # some turns do repeat
