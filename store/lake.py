@@ -394,11 +394,7 @@ class Lake:
         parts = max(1, min(_cores(), data.num_rows // min_rows_per_file))
         if parts == 1:
             return [self.write_file(name, data)] if data.num_rows else []
-        if data.num_columns and data.column(0).num_chunks == parts:
-            bounds = np.cumsum([0] + [len(c) for c in data.column(0).chunks])
-        else:
-            bounds = np.linspace(0, data.num_rows, parts + 1).astype(int)
-        slices = [data.slice(int(a), int(b - a)) for a, b in itertools.pairwise(bounds) if b > a]
+        slices = split_rows(data, parts)
         with ThreadPoolExecutor(len(slices)) as pool:
             return list(pool.map(lambda part: self.write_file(name, part), slices))
 
@@ -704,6 +700,16 @@ def _s3_filesystem(storage_options: Mapping[str, str]) -> pafs.S3FileSystem:
 
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def split_rows(data: pa.Table, parts: int) -> list[pa.Table]:
+    """`data` as up to `parts` contiguous slices (no copy), one for a thread each: at its chunk
+    boundaries when it has that many chunks (see `combine_in_parts`), else of about equal rows."""
+    if data.num_columns and data.column(0).num_chunks == parts:
+        bounds = np.cumsum([0] + [len(c) for c in data.column(0).chunks])
+    else:
+        bounds = np.linspace(0, data.num_rows, parts + 1).astype(int)
+    return [data.slice(int(a), int(b - a)) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def combine_in_parts(tables: Sequence[pa.Table]) -> pa.Table:

@@ -12,7 +12,6 @@ from all their events and merged, which makes every update idempotent.
 from __future__ import annotations
 
 import glob
-import itertools
 import json
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -40,7 +39,7 @@ from trajlake.schemas.fields import (
 from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
 from trajlake.store.errors import CommitConflict, TxnFenced
-from trajlake.store.lake import _cores
+from trajlake.store.lake import _cores, split_rows
 from trajlake.store.sql import connection
 
 if TYPE_CHECKING:
@@ -287,9 +286,8 @@ def scalarize(events: pa.Table) -> pa.Table:
     parts = max(1, min(_cores(), events.num_rows // SCALARIZE_SLICE_ROWS))
     if parts == 1:
         return _scalarize(events)
-    bounds = np.linspace(0, events.num_rows, parts + 1).astype(int)
-    with ThreadPoolExecutor(parts) as pool:
-        slices = [events.slice(int(a), int(b - a)) for a, b in itertools.pairwise(bounds)]
+    slices = split_rows(events, parts)
+    with ThreadPoolExecutor(len(slices)) as pool:
         return pa.concat_tables(pool.map(_scalarize, slices))
 
 
@@ -490,8 +488,7 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
     # committed side by side (pyarrow and delta-rs release the GIL); one that is fenced raises
     # here, and the next attempt skips the tables that committed
     with ThreadPoolExecutor(min(len(names), _cores())) as pool:
-        for _ in pool.map(store, names):
-            pass
+        list(pool.map(store, names))
 
 
 REBUILD_BUCKET_EVENTS = 1_000_000
