@@ -33,7 +33,7 @@ from trajlake.schemas.validation import validate
 from trajlake.store import projections
 from trajlake.store.compact import merge_tiers
 from trajlake.store.errors import TxnFenced
-from trajlake.store.lake import Lake, combine_in_parts
+from trajlake.store.lake import Lake, combine_in_parts, summarized
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +287,9 @@ class DeltaSink:
             self.stats.dead_letters += len(p.dead)
             for app_id, offset in offsets.items():
                 self._dead_positions[app_id] = offset
-        actions = self.lake.write_files("events", result.valid)
+        # summarized here rather than as each file is written, so the projections below reuse it
+        events = summarized(result.valid)
+        actions = self.lake.write_files("events", events)
         version = self.lake.commit("events", actions, offsets, expect_txns=expect)
         self._committed.update(offsets)
         if offsets:  # sent by whoever waits for this commit, never from the commit thread (_finish_commit)
@@ -300,7 +302,7 @@ class DeltaSink:
         self.stats.last_commit_at = time.time()
         self.stats.last_version = version
         if self.config.update_projections:
-            known = {action.path: result.valid for action in actions}
+            known = {action.path: events for action in actions}
             projections.catch_up(self.lake, known)
             if self.config.merge_fanin:
                 for name in PROJECTION_TABLES:

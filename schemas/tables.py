@@ -1,4 +1,7 @@
-"""Arrow schemas of the lake's tables other than `events` (the table contract of DESIGN.md).
+"""Arrow schemas of the lake's tables (the table contract of DESIGN.md).
+
+`events` stores each event in the wire's `EVENTS_SCHEMA`, then `TOKEN_SUMMARY`: what the
+lake derives from the event's token lists as it writes it (`store/summaries.py`).
 
 `trajectories` and `turns` are stored without their token payloads; SQL users see the
 token columns (`token_ids`, `logprobs`, `loss_mask`; per turn the raw lists) through views
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from trajlake.schemas.events import EVENT_FIELDS
+from trajlake.schemas.events import EVENT_FIELDS, EVENTS_SCHEMA
 from trajlake.schemas.fields import feeds_into
 
 _TS = pa.timestamp("us", tz="UTC")
@@ -64,16 +67,33 @@ versions), so per-version figures such as rollout entropy read one row per traje
 one per turn; `generation_s`, `slowest_turn_s` and `n_timed_turns` sum its turns' `latency_s`
 (the latency page's slowest trajectories)."""
 
+TOKEN_SUMMARY = pa.schema(
+    [
+        ("n_input_tokens", _I64),
+        ("n_output_tokens", _I64),
+        ("n_loss_tokens", _I64),
+        ("sum_logprob", pa.float64()),
+        ("output_repetition", pa.float64()),
+    ]
+)
+"""Per stored event: its token lists' lengths, its loss tokens, its output logprobs' sum and its
+output's repetition (zeros and null for an event without tokens); `turns` carries them per turn."""
+
+STORED_EVENTS_SCHEMA = pa.schema([*EVENTS_SCHEMA, *TOKEN_SUMMARY])
+"""The `events` table: the events as they arrived, then their `TOKEN_SUMMARY`."""
+
+_SUMMARY = tuple((f.name, f.type) for f in TOKEN_SUMMARY)
+
 TURNS_SCHEMA = _projection(
     "turns",
     "run_id", "trajectory_id", "event_id", "seq", "turn_index", "policy_version",
-    ("n_input_tokens", _I64), ("n_output_tokens", _I64), ("n_loss_tokens", _I64),
+    *_SUMMARY[:3],
     "input_is_full", "finish_reason", "context_used_fraction", "nudged", "tito_drift", "latency_s",
-    ("sum_logprob", pa.float64()), ("output_repetition", pa.float64()), "event_time",
+    *_SUMMARY[3:], "event_time",
 )  # fmt: skip
 """Scalar columns of `turns`; the SQL view adds the turn's token lists from `events`.
 `output_repetition`: the share of the output's 4-grams that repeat an earlier one of the turn
-(null under 4 tokens; `store.projections.ngram_repetition`), which the health check reads."""
+(null under 4 tokens; `store.summaries.ngram_repetition`), which the health check reads."""
 
 TOOL_CALLS_SCHEMA = _projection(
     "tool_calls",

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trajlake.store.config import HealthSettings
-from trajlake.store.projections import REPETITION_NGRAM
+from trajlake.store.summaries import REPETITION_NGRAM
 
 OK, ALERT, NOT_RECORDED = "ok", "alert", "not recorded"
 STEP, VERSION = "step", "policy version"

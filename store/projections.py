@@ -11,6 +11,7 @@ from all their events and merged, which makes every update idempotent.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import tempfile
@@ -19,13 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from trajlake.schemas.events import EVENTS_SCHEMA as SCHEMAS_EVENTS
 from trajlake.schemas.events import TOKEN_FIELDS
 from trajlake.schemas.fields import (
     FIELDS,
@@ -39,8 +38,9 @@ from trajlake.schemas.fields import (
 from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
 from trajlake.store.errors import CommitConflict, TxnFenced
-from trajlake.store.lake import _cores, split_rows
+from trajlake.store.lake import SCHEMAS, _cast, _cores, summarized
 from trajlake.store.sql import connection
+from trajlake.store.summaries import SUMMARY_COLUMNS, is_summarized
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -199,123 +199,16 @@ from e where event_type = 'batch_consumed'
 """
 
 SCALAR_COLUMNS = tuple(f.name for f in FIELDS if (f.projected or f.feeds) and not f.tokens)
-TOKEN_COLUMNS = TOKEN_FIELDS
-EVENT_COLUMNS = SCALAR_COLUMNS + TOKEN_COLUMNS
-"""The `events` columns projections read (token payloads only for their lengths, sums and repetition)."""
-
-REPETITION_NGRAM = 4
-"""`turns.output_repetition` is the share of a turn's output 4-grams that repeat an earlier one."""
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX = np.uint64(0xBF58476D1CE4E5B9)
-_BLOCK, _BLOCK_ROWS = 1 << 16, 1 << 20
-_UNIQUE = np.uint64(0xFFFFFF << 40)  # the row field of no block's row (at most _BLOCK_ROWS)
-
-
-def _list_sums(col: pa.ChunkedArray | pa.Array, lengths: np.ndarray, dtype: type) -> np.ndarray:
-    """Per-row sum of a list column in `dtype` (0 for null or empty lists), in one pass over the
-    values: a running sum of all of them in `dtype` with a copy to prepend its zero took 0.5 s of
-    a 0.9 s catch-up on `bench/store_write.py`'s 15.9M tokens, the allocations mostly."""
-    values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
-    sums: np.ndarray = np.zeros(len(lengths), dtype=dtype)
-    rows = lengths > 0
-    if rows.any():  # reduceat sums from each start to the next: the empty rows' starts are left out
-        sums[rows] = np.add.reduceat(values, (np.cumsum(lengths) - lengths)[rows], dtype=dtype)
-    return sums
-
-
-def ngram_repetition(col: pa.ChunkedArray | pa.Array, n: int = REPETITION_NGRAM) -> np.ndarray:
-    """Per row of a list column, the share of its n-grams that repeat an earlier n-gram of the
-    row (0: all distinct; NaN: fewer than `n` values), vectorised.
-
-    Each n-gram is hashed to 40 bits under its row's number and the keys sorted, in blocks of
-    whole rows of about `_BLOCK` values that stay in cache (27 ns a token here, 68 in one sort).
-    Two distinct n-grams of a row share a hash with odds near grams²/2⁴¹ (1 in 20,000 for a
-    10,000-token turn), which can only lower its distinct count by one.
-    """
-    lengths = np.asarray(pc.fill_null(pc.list_value_length(col), 0), dtype=np.int64)
-    grams = np.maximum(lengths - n + 1, 0)
-    out = np.full(len(lengths), np.nan)
-    has = grams > 0
-    if not has.any():
-        return out
-    values = np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False)).astype(np.uint64)
-    ends = np.cumsum(lengths)
-    cuts = np.minimum(np.searchsorted(ends, np.arange(_BLOCK, ends[-1], _BLOCK)) + 1, len(lengths))
-    bounds = np.unique(np.concatenate([cuts, np.arange(0, len(lengths), _BLOCK_ROWS), [len(lengths)]]))
-    repeats = np.zeros(len(lengths), np.int64)
-    for r0, r1 in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        local = lengths[r0:r1]
-        block = values[ends[r0] - local[0] : ends[r1 - 1]]
-        windows = len(block) - n + 1
-        if windows <= 0:
-            continue
-        with np.errstate(over="ignore"):  # hashing: arithmetic modulo 2**64
-            h = block[:windows] * _GOLDEN
-            for k in range(1, n):
-                h += block[k : k + windows]
-                h *= _GOLDEN
-            h ^= h >> np.uint64(29)
-            h *= _MIX
-            h >>= np.uint64(24)
-        h |= np.repeat(np.arange(r1 - r0, dtype=np.uint64), local)[:windows] << np.uint64(40)
-        # a window that runs past its row's end is no n-gram: it gets a key of its own
-        row_ends = np.cumsum(local)
-        past = row_ends[:, None] - 1 - np.arange(n - 1)
-        past = past[(past < windows) & (past >= (row_ends - local)[:, None])]
-        h[past] = _UNIQUE | past.astype(np.uint64)
-        h.sort()
-        repeated = h[1:][h[1:] == h[:-1]] >> np.uint64(40)
-        repeats[r0:r1] = np.bincount(repeated.astype(np.int64), minlength=r1 - r0)
-    out[has] = repeats[has] / grams[has]
-    return out
-
-
-SCALARIZE_SLICE_ROWS = 4_096
-"""Fewest events worth a thread of their own in `scalarize`."""
+STORED_COLUMNS = SCALAR_COLUMNS + SUMMARY_COLUMNS
+"""The `events` columns projections read: no token payload, only its summary."""
+EVENT_COLUMNS = SCALAR_COLUMNS + TOKEN_FIELDS
+"""What they read of an `events` file older than the token summary, to summarize it."""
 
 
 def scalarize(events: pa.Table) -> pa.Table:
-    """Drop the token payloads, keeping what projections need of them: lengths, sums, and the
-    repetition of each turn's output (`ngram_repetition`).
-
-    Rows are independent, so slices of them are reduced on a thread per core: numpy's hashing
-    and sorts and pyarrow's kernels release the GIL. On `bench/store_write.py`'s 44k events
-    (15.9M tokens), 0.30 s in one thread and 0.16 s in two.
-    """
-    parts = max(1, min(_cores(), events.num_rows // SCALARIZE_SLICE_ROWS))
-    if parts == 1:
-        return _scalarize(events)
-    slices = split_rows(events, parts)
-    with ThreadPoolExecutor(len(slices)) as pool:
-        return pa.concat_tables(pool.map(_scalarize, slices))
-
-
-def _scalarize(events: pa.Table) -> pa.Table:
-    def lengths(name: str) -> np.ndarray:
-        return np.asarray(
-            pc.fill_null(pc.list_value_length(events.column(name)), 0).to_numpy(zero_copy_only=False),
-            dtype=np.int64,
-        )
-
-    n_in, n_out = lengths("input_token_ids"), lengths("output_token_ids")
-    n_mask = lengths("loss_mask")
-    n_lp = lengths("output_logprobs")
-    loss = _list_sums(events.column("loss_mask"), n_mask, np.int64)
-    has_mask = pc.is_valid(events.column("loss_mask")).to_numpy(zero_copy_only=False)
-    out = events.select(list(SCALAR_COLUMNS))
-    out = out.append_column("n_input_tokens", pa.array(n_in, pa.int64()))
-    out = out.append_column("n_output_tokens", pa.array(n_out, pa.int64()))
-    out = out.append_column(
-        "n_loss_tokens", pa.array(np.where(has_mask, loss, n_out).astype(np.int64), pa.int64())
-    )
-    out = out.append_column(
-        "sum_logprob", pa.array(_list_sums(events.column("output_logprobs"), n_lp, np.float64))
-    )
-    repetition = ngram_repetition(events.column("output_token_ids"))
-    return out.append_column(
-        "output_repetition", pa.array(repetition, pa.float64(), mask=np.isnan(repetition))
-    )
+    """The columns projections read: the events' scalars and their token summary (computed,
+    on a thread per core, for events read from a file older than the summary)."""
+    return summarized(events).select(list(STORED_COLUMNS))
 
 
 def compute(
@@ -386,28 +279,37 @@ def added_files(lake: Lake, after: int, upto: int) -> list[str] | None:
     return paths
 
 
+def _scalars(read: Callable[[list[str]], pa.Table]) -> pa.Table:
+    """`scalarize(read(columns))`, reading the token lists only when some rows lack their summary
+    (they come from a file written before it existed)."""
+    stored = read(list(STORED_COLUMNS))
+    return scalarize(stored if is_summarized(stored) else read(list(EVENT_COLUMNS)))
+
+
 def _read_events_file(path: str, fs: pafs.FileSystem) -> pa.Table:
     """The columns projections read of one `events` file; a column newer than the file reads as null."""
-    return pq.read_table(path, columns=list(EVENT_COLUMNS), filesystem=fs, schema=SCHEMAS_EVENTS)
+    return _scalars(
+        lambda columns: pq.read_table(path, columns=columns, filesystem=fs, schema=SCHEMAS["events"])
+    )
 
 
 def _events_row_groups(path: str, fs: pafs.FileSystem) -> Iterator[pa.Table]:
     """`_read_events_file`, a row group at a time: what bounds rebuild's memory by the row group,
     not the file. pyarrow's dataset scanner, even without read-ahead, held up to 0.6 GB of a
     merged 265 MB file's column chunks at once; a row group holds 13 MB."""
-    from trajlake.store.lake import _cast
-
-    schema = pa.schema([SCHEMAS_EVENTS.field(c) for c in EVENT_COLUMNS])
     with fs.open_input_file(path) as f:
         parquet = pq.ParquetFile(f)
-        present = [c for c in EVENT_COLUMNS if c in parquet.schema_arrow.names]
+        stored = set(parquet.schema_arrow.names)
+
+        def read(i: int, columns: list[str]) -> pa.Table:  # a column newer than the file reads as null
+            group = parquet.read_row_group(i, columns=[c for c in columns if c in stored])
+            return _cast(group, pa.schema([SCHEMAS["events"].field(c) for c in columns]))
+
         for i in range(parquet.num_row_groups):
-            yield _cast(parquet.read_row_group(i, columns=present), schema)  # a newer column reads as null
+            yield _scalars(functools.partial(read, i))
 
 
 def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Table]) -> pa.Table:
-    from trajlake.store.lake import SCHEMAS
-
     fs, root = lake.filesystem()
     parts = []
     seen: set[int] = set()
@@ -417,7 +319,7 @@ def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Ta
                 seen.add(id(known[path]))
                 parts.append(scalarize(known[path]))
         else:
-            parts.append(scalarize(_read_events_file(f"{root}/events/{path}", fs)))
+            parts.append(_read_events_file(f"{root}/events/{path}", fs))
     if not parts:
         return scalarize(SCHEMAS["events"].empty_table())
     return pa.concat_tables(parts)
@@ -471,8 +373,8 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
     old_rows: dict[str, pa.Table] = {}
     if old:
         # their earlier events: time-ordered ids keep a live run's in its last few files
-        everything = lake.read("events", EVENT_COLUMNS, among=("trajectory_id", old))
-        old_rows = compute(scalarize(everything), names=REVISED & set(names))
+        everything = _scalars(lambda columns: lake.read("events", columns, among=("trajectory_id", old)))
+        old_rows = compute(everything, names=REVISED & set(names))
 
     def store(name: str) -> None:
         rows = fresh_rows[name]
@@ -517,13 +419,13 @@ def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, i
         with tempfile.TemporaryDirectory(prefix="trajlake-rebuild-") as spill:
             groups = (group for path in files for group in _events_row_groups(path, fs))
             for i, group in enumerate(groups):
-                con.register("part", scalarize(group))
+                con.register("part", group)
                 con.execute(
                     f"copy (select *, hash(coalesce(trajectory_id, '')) % {buckets} as bucket from part) "
                     f"to '{spill}/{i}' (format parquet, partition_by (bucket))"
                 )
                 con.unregister("part")
-            empty = scalarize(SCHEMAS_EVENTS.empty_table())
+            empty = scalarize(SCHEMAS["events"].empty_table())
             for bucket in range(buckets):
                 parts = sorted(glob.glob(f"{spill}/*/bucket={bucket}/*.parquet"))
                 query = "select * from read_parquet($parts, hive_partitioning = false)"

@@ -24,7 +24,7 @@ from trajlake.store.health import (
     entropy_collapse,
     unprintable,
 )
-from trajlake.store.projections import ngram_repetition
+from trajlake.store.summaries import ngram_repetition
 
 WORDS = ["the", "model", "reads", "a", "file", "then", "calls", "tool", "and", "writes", "its", "answer",
          "in", "plain", "words", "for", "user"]  # fmt: skip

@@ -11,8 +11,12 @@ import pyarrow.compute as pc
 import pytest
 
 from trajlake.schemas import events_to_table
+from trajlake.schemas.events import TOKEN_FIELDS
 from trajlake.schemas.tables import TABLE_SCHEMAS
+from trajlake.store import lake as lake_module
 from trajlake.store import projections as pj
+from trajlake.store import summaries
+from trajlake.store.summaries import SUMMARY_COLUMNS
 
 T0 = dt.datetime(2026, 1, 31, 12, 0, tzinfo=dt.UTC)
 
@@ -107,7 +111,8 @@ def test_projection_rows_of_known_events(projected: dict, name: str) -> None:
 
 def test_projections_read_these_event_columns() -> None:
     assert pj.SCALAR_COLUMNS == SCALAR_COLUMNS
-    assert pj.EVENT_COLUMNS == SCALAR_COLUMNS + pj.TOKEN_COLUMNS
+    assert pj.STORED_COLUMNS == SCALAR_COLUMNS + SUMMARY_COLUMNS  # no token payload
+    assert pj.EVENT_COLUMNS == SCALAR_COLUMNS + TOKEN_FIELDS  # of a file older than the summary
 
 
 def test_a_turns_advantage_reaches_the_turns_table_and_is_null_when_not_sent(projected: dict) -> None:
@@ -122,11 +127,11 @@ def test_per_turn_sums_skip_null_and_empty_lists_wherever_they_fall():
         [pa.array(rows[:3], pa.list_(pa.float32())), pa.array(rows[3:], pa.list_(pa.float32()))]
     )
     lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0), dtype=np.int64)
-    assert pj._list_sums(column, lengths, np.float64).tolist() == [sum(r or []) for r in rows]
+    assert summaries._list_sums(column, lengths, np.float64).tolist() == [sum(r or []) for r in rows]
     masks = pa.array([[True, False, True], None, [], [False], [True]], pa.list_(pa.bool_()))
     lengths = np.asarray(pc.fill_null(pc.list_value_length(masks), 0), dtype=np.int64)
-    assert pj._list_sums(masks, lengths, np.int64).tolist() == [2, 0, 0, 0, 1]
-    assert pj._list_sums(
+    assert summaries._list_sums(masks, lengths, np.int64).tolist() == [2, 0, 0, 0, 1]
+    assert summaries._list_sums(
         pa.array([None, []], pa.list_(pa.bool_())), np.zeros(2, np.int64), np.int64
     ).tolist() == [0, 0]
 
@@ -143,9 +148,9 @@ def test_scalarize_gives_the_same_rows_when_split_across_threads(monkeypatch: py
                            input_token_ids=None if i % 5 == 0 else tokens[: n // 2], output_token_ids=tokens,
                            output_logprobs=[-0.5] * n, loss_mask=None if i % 7 == 0 else [True] * n))  # fmt: skip
     table = events_to_table(turns)
-    whole = pj._scalarize(table)
-    monkeypatch.setattr(pj, "_cores", lambda: 3)
-    monkeypatch.setattr(pj, "SCALARIZE_SLICE_ROWS", 4)
+    whole = summaries.summarize(table).select(list(pj.STORED_COLUMNS))
+    monkeypatch.setattr(lake_module, "_cores", lambda: 3)
+    monkeypatch.setattr(lake_module, "SUMMARIZE_SLICE_ROWS", 4)
     split = pj.scalarize(table)
     assert split.to_pylist() == whole.to_pylist()
     assert split.column("n_output_tokens").to_pylist() == [len(t["output_token_ids"]) for t in turns]
