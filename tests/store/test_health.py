@@ -106,7 +106,7 @@ def test_repetition_is_the_share_of_repeated_ngrams():
         [],
     ]
     rows += [[rng.randrange(40) for _ in range(rng.randrange(60))] for _ in range(3000)]  # repeats
-    rows.insert(1000, [rng.randrange(3000) for _ in range(100_000)])  # scored in blocks of 65,536 tokens
+    rows.insert(1000, [rng.randrange(3000) for _ in range(100_000)])  # longer than a block of 4,096
     column = pa.array([[5, 5, 5, 5, 5], *rows], pa.list_(pa.int32())).slice(1)  # offsets not from 0
     scores = ngram_repetition(column)
     assert scores[:3].tolist() == [0.0, pytest.approx(1 - 3 / 15), 0.0]
