@@ -36,7 +36,7 @@ from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import STORED_EVENTS_SCHEMA, TABLE_SCHEMAS
 from trajlake.store.config import LakeConfig
 from trajlake.store.errors import CommitConflict, LakeError, TxnFenced
-from trajlake.store.summaries import summarize
+from trajlake.store.summaries import is_summarized, summarize, summary, with_summary
 
 TABLES = ("events", *TABLE_SCHEMAS)
 SCHEMAS: dict[str, pa.Schema] = {"events": STORED_EVENTS_SCHEMA, **TABLE_SCHEMAS}
@@ -389,13 +389,13 @@ class Lake:
         size = fs.get_file_info(path).size
         return AddAction(rel, size, {}, int(time.time() * 1000), True, json.dumps(stats))
 
-    def write_files(self, name: str, data: pa.Table, min_rows_per_file: int = 20_000) -> list[AddAction]:
-        """Write `data` as up to one file per core, in parallel threads (pyarrow releases the GIL).
+    def write_files(self, name: str, data: pa.Table) -> list[AddAction]:
+        """Write `data` as `file_parts(rows)` files, in parallel threads (pyarrow releases the GIL).
 
         A table whose chunks are the parts (see `combine_in_parts`) is split at its chunk
         boundaries, so each thread writes contiguous memory.
         """
-        parts = max(1, min(_cores(), data.num_rows // min_rows_per_file))
+        parts = file_parts(data.num_rows)
         if parts == 1:
             return [self.write_file(name, data)] if data.num_rows else []
         slices = split_rows(data, parts)
@@ -706,6 +706,15 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+MIN_ROWS_PER_FILE = 20_000
+"""Fewest rows worth a file (and a writing thread) of their own in `write_files`."""
+
+
+def file_parts(rows: int) -> int:
+    """How many files `write_files` writes `rows` as: one per core, each of `MIN_ROWS_PER_FILE` or more."""
+    return max(1, min(_cores(), rows // MIN_ROWS_PER_FILE))
+
+
 def split_rows(data: pa.Table, parts: int) -> list[pa.Table]:
     """`data` as up to `parts` contiguous slices (no copy), one for a thread each: at its chunk
     boundaries when it has that many chunks (see `combine_in_parts`), else of about equal rows."""
@@ -725,22 +734,27 @@ def summarized(events: pa.Table) -> pa.Table:
     numpy's hashing and sorts and pyarrow's kernels release the GIL. On `bench/store_write.py`'s
     44k events (15.9M tokens), 0.30 s in one thread and 0.16 s in two."""
     parts = max(1, min(_cores(), events.num_rows // SUMMARIZE_SLICE_ROWS))
-    if parts == 1:
+    if parts == 1 or is_summarized(events):
         return summarize(events)
     slices = split_rows(events, parts)
     with ThreadPoolExecutor(len(slices)) as pool:
-        return pa.concat_tables(pool.map(summarize, slices))
+        # only the small summary columns are concatenated: the events keep their chunks
+        return with_summary(events, pa.concat_tables(pool.map(summary, slices)).combine_chunks())
 
 
 def combine_in_parts(tables: Sequence[pa.Table]) -> pa.Table:
-    """Concatenate many small tables into one whose chunks are one contiguous block per core.
+    """Concatenate many small tables into one whose chunks are one contiguous block per file
+    `write_files` will write (`file_parts`), each combined on a thread of its own.
 
-    Parquet writes contiguous memory several times faster than thousands of small batches;
-    combining in one thread per core keeps that copy off the critical path.
+    Parquet writes contiguous memory several times faster than thousands of small batches.
+    A batch of one file is one block: split in two, the file's writer would copy it whole
+    again, and validation would copy its token lists to read them as one array.
     """
     if not tables:
         raise ValueError("no tables to combine")
-    parts = max(1, min(_cores(), len(tables)))
+    parts = min(file_parts(sum(t.num_rows for t in tables)), len(tables))
+    if parts == 1:
+        return pa.concat_tables(tables).combine_chunks()
     bounds = np.linspace(0, len(tables), parts + 1).astype(int)
     groups = [tables[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     with ThreadPoolExecutor(len(groups)) as pool:

@@ -95,15 +95,28 @@ def is_summarized(events: pa.Table) -> bool:
 
 
 def summarize(events: pa.Table) -> pa.Table:
-    """`events` with the token summary columns appended (as they are when every row has them).
+    """`events` with the token summary columns appended (as they are when every row has them)."""
+    return events if is_summarized(events) else with_summary(events, summary(events))
+
+
+def with_summary(events: pa.Table, columns: pa.Table) -> pa.Table:
+    """`events` with `columns` (a `summary` of its rows) as its trailing summary columns, its own
+    columns untouched: the sink's batch keeps its one contiguous chunk, which Parquet and
+    validation read without a copy."""
+    out = events.drop_columns([c for c in SUMMARY_COLUMNS if c in events.column_names])
+    for name in SUMMARY_COLUMNS:
+        out = out.append_column(TOKEN_SUMMARY.field(name), columns.column(name))
+    return out
+
+
+def summary(events: pa.Table) -> pa.Table:
+    """The token summary of each event, as a table of the `TOKEN_SUMMARY` columns.
 
     Per event: the lengths of its input and output token lists, its loss tokens (the mask's
     sum, or every output token without a mask), the sum of its output logprobs, and the share
     of its output's n-grams that repeat (`ngram_repetition`; null under `REPETITION_NGRAM`
     tokens). An event without token lists gets zeros and a null repetition.
     """
-    if is_summarized(events):
-        return events
 
     def lengths(name: str) -> np.ndarray:
         return np.asarray(
@@ -124,7 +137,4 @@ def summarize(events: pa.Table) -> pa.Table:
         "sum_logprob": pa.array(_list_sums(events.column("output_logprobs"), n_lp, np.float64)),
         "output_repetition": pa.array(repetition, pa.float64(), mask=np.isnan(repetition)),
     }
-    out = events.drop_columns([c for c in SUMMARY_COLUMNS if c in events.column_names])
-    for name in SUMMARY_COLUMNS:
-        out = out.append_column(TOKEN_SUMMARY.field(name), columns[name])
-    return out
+    return pa.table([columns[name] for name in SUMMARY_COLUMNS], schema=TOKEN_SUMMARY)

@@ -136,17 +136,23 @@ def test_per_turn_sums_skip_null_and_empty_lists_wherever_they_fall():
     ).tolist() == [0, 0]
 
 
-def test_scalarize_gives_the_same_rows_when_split_across_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Slices of rows reduced on several threads add up to the rows of one pass over the table:
-    lengths, sums and repetition of every turn, null token lists among them, stay in place."""
+def random_turns(count: int) -> list[dict[str, Any]]:
+    """Turns of random lengths over a small vocabulary (n-grams repeat), some token lists null."""
     rng = np.random.default_rng(7)
     turns = []
-    for i in range(31):
+    for i in range(count):
         n = int(rng.integers(0, 40))
-        tokens = rng.integers(0, 6, n).tolist()  # a small vocabulary: n-grams repeat
+        tokens = rng.integers(0, 6, n).tolist()
         turns.append(event(i, "turn", trajectory_id=f"t{i % 4}", seq=i, turn_index=i, policy_version=1,
                            input_token_ids=None if i % 5 == 0 else tokens[: n // 2], output_token_ids=tokens,
                            output_logprobs=[-0.5] * n, loss_mask=None if i % 7 == 0 else [True] * n))  # fmt: skip
+    return turns
+
+
+def test_scalarize_gives_the_same_rows_when_split_across_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices of rows reduced on several threads add up to the rows of one pass over the table:
+    lengths, sums and repetition of every turn, null token lists among them, stay in place."""
+    turns = random_turns(31)
     table = events_to_table(turns)
     whole = summaries.summarize(table).select(list(pj.STORED_COLUMNS))
     monkeypatch.setattr(lake_module, "_cores", lambda: 3)
@@ -155,3 +161,22 @@ def test_scalarize_gives_the_same_rows_when_split_across_threads(monkeypatch: py
     assert split.to_pylist() == whole.to_pylist()
     assert split.column("n_output_tokens").to_pylist() == [len(t["output_token_ids"]) for t in turns]
     assert split.column("output_repetition").null_count < len(turns)  # some turns do repeat
+
+
+@pytest.mark.parametrize(("min_rows_per_file", "files"), [(1_000, 1), (10, 2)])
+def test_a_sink_batch_is_one_block_per_file_and_keeps_it_when_summarized(
+    monkeypatch: pytest.MonkeyPatch, min_rows_per_file: int, files: int
+) -> None:
+    """Many small decoded tables combine into one contiguous block per file that `write_files`
+    writes, and a summary computed on several threads leaves those blocks as they are: a batch
+    split otherwise is copied whole again by its file's writer (bench/ingest.py: a tenth of the
+    sink's CPU). The rows are those of one summary of the whole batch."""
+    turns = random_turns(40)
+    tables = [events_to_table(turns[i : i + 3]) for i in range(0, len(turns), 3)]
+    monkeypatch.setattr(lake_module, "_cores", lambda: 2)
+    monkeypatch.setattr(lake_module, "SUMMARIZE_SLICE_ROWS", 4)
+    monkeypatch.setattr(lake_module, "MIN_ROWS_PER_FILE", min_rows_per_file)
+    batch = lake_module.summarized(lake_module.combine_in_parts(tables))
+    assert lake_module.file_parts(batch.num_rows) == files
+    assert {batch.column(name).num_chunks for name in ("event_id", "output_token_ids")} == {files}
+    assert batch.to_pylist() == summaries.summarize(pa.concat_tables(tables)).to_pylist()
