@@ -34,7 +34,8 @@ At the top size the long shape (~10k-token trajectories) is built and measured t
 
     python bench/scale.py [--quick] [--json PATH] [--sizes 1e6,1e7,...] [--lake DIR]
 
-Full: 1e7, 1e8, 1e9 tokens; --quick: 1e6, 1e7, 1e8 (100x, so growth factors mean something).
+Full: 1e7, 1e8, 1e9 tokens; --quick: 3e6, 3e7, 3e8 (100x too, so growth factors mean something; a
+lake holds at least the three catch-up batches of 1,000 trajectories, about 3M tokens).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ SHAPES: dict[str, dict[str, int]] = {
     "long": {"turns": 16, "max_turns": 32, "prompt_tokens": 640, "output_tokens": 480, "env_tokens": 160},
 }
 FULL_SIZES = [1e7, 1e8, 1e9]
-QUICK_SIZES = [1e6, 1e7, 1e8]
+QUICK_SIZES = [3e6, 3e7, 3e8]
 REPORTED = ("point_lookup_warm_s", "point_lookup_cold_s", "catch_up_s", "sampler_batch_s",
             "sampler_next_batch_s", "slowest_page_s", "slowest_sql_s", "peak_rss_mb",
             "lake_bytes_per_token")  # fmt: skip
@@ -362,7 +363,7 @@ def print_table(sizes: list[float], figures: dict[str, list[float]], long: dict[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1e6, 1e7, 1e8 tokens instead of 1e7, 1e8, 1e9")
+    parser.add_argument("--quick", action="store_true", help="3e6, 3e7, 3e8 tokens instead of 1e7, 1e8, 1e9")
     parser.add_argument("--sizes", help="comma-separated sizes in tokens (e.g. 2e5,1e6), smallest first")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument(
