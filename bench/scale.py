@@ -6,7 +6,7 @@ version every ~2M tokens, as a trainer's versions advance). At each size it meas
   ingest_tokens_per_s     the growth step's sink throughput (generating the events is untimed)
   catch_up_s              projections catching up on a fixed batch of 1,000 new trajectories
                           committed with projections off (what a lagging projector does); the
-                          median of 3 such batches
+                          median of 5 such batches (one alone varies by a third on this box)
   point_lookup_cold_s     one trajectory with its token_ids, logprobs and loss_mask by trajectory_id
                           (`Lake.trajectory`: only the files whose Delta statistics may hold it), on
                           a fresh Lake (its Delta snapshots opened by the lookup)
@@ -34,8 +34,8 @@ At the top size the long shape (~10k-token trajectories) is built and measured t
 
     python bench/scale.py [--quick] [--json PATH] [--sizes 1e6,1e7,...] [--lake DIR]
 
-Full: 1e7, 1e8, 1e9 tokens; --quick: 3e6, 3e7, 3e8 (100x too, so growth factors mean something; a
-lake holds at least the three catch-up batches of 1,000 trajectories, about 3M tokens).
+Full: 1e7, 1e8, 1e9 tokens; --quick: 5e6, 5e7, 5e8 (100x too, so growth factors mean something; a
+lake holds at least the five catch-up batches of 1,000 trajectories, about 5M tokens).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ CHUNK_TOKENS = 2_000_000
 """Tokens per loadgen call (2,000 short or 200 long trajectories): one policy version each,
 generated, then drained by the sink."""
 CATCH_UP_TRAJECTORIES = 1_000
-CATCH_UPS = 3
+CATCH_UPS = 5
 BATCH_TRAJECTORIES = 256
 GROUP_SIZE = 8
 SHAPES: dict[str, dict[str, int]] = {
@@ -68,7 +68,7 @@ SHAPES: dict[str, dict[str, int]] = {
     "long": {"turns": 16, "max_turns": 32, "prompt_tokens": 640, "output_tokens": 480, "env_tokens": 160},
 }
 FULL_SIZES = [1e7, 1e8, 1e9]
-QUICK_SIZES = [3e6, 3e7, 3e8]
+QUICK_SIZES = [5e6, 5e7, 5e8]
 REPORTED = ("point_lookup_warm_s", "point_lookup_cold_s", "catch_up_s", "sampler_batch_s",
             "sampler_next_batch_s", "slowest_page_s", "slowest_sql_s", "peak_rss_mb",
             "lake_bytes_per_token")  # fmt: skip
@@ -363,7 +363,7 @@ def print_table(sizes: list[float], figures: dict[str, list[float]], long: dict[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3e6, 3e7, 3e8 tokens instead of 1e7, 1e8, 1e9")
+    parser.add_argument("--quick", action="store_true", help="5e6, 5e7, 5e8 tokens instead of 1e7, 1e8, 1e9")
     parser.add_argument("--sizes", help="comma-separated sizes in tokens (e.g. 2e5,1e6), smallest first")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument(
