@@ -33,6 +33,13 @@ class LakeConfig(BaseModel):
         True,
         description="BYTE_STREAM_SPLIT for token lists (ids, logprobs): each about 20% smaller with zstd, and faster.",
     )
+    log_retention_hours: int = Field(
+        2,
+        ge=1,
+        description="Hours of Delta log a new table keeps (`delta.logRetentionDuration`; Delta's default "
+        "is 30 days). A commit lists the whole log on a local disk: 4.5 ms at 1,400 entries, 169 ms at "
+        "100,000, a day of commits every second. A projector further behind than this rebuilds.",
+    )
 
 
 class CompactSettings(Settings):

@@ -54,9 +54,9 @@ reader opens a table from its last checkpoint and replays each commit after it: 
 POST_COMMIT = PostCommitHookProperties(cleanup_expired_logs=False)
 """After a commit: a checkpoint at the table's interval, but no clean-up of expired log entries,
 which delta-rs runs after every commit by listing the whole `_delta_log` and stat'ing each entry.
-The log keeps every commit of `delta.logRetentionDuration` (30 days), so that cost grew with the
-run: at 1B tokens (1,100 entries) 10-14 ms of a 20 ms commit. `_committed` cleans up once every
-`LOG_CLEANUP_INTERVAL` versions instead."""
+The log keeps every commit of `delta.logRetentionDuration` (`LakeConfig.log_retention_hours`), so
+that cost grew with the run: at 1B tokens (1,100 entries) 10-14 ms of a 20 ms commit. `_committed`
+cleans up once every `LOG_CLEANUP_INTERVAL` versions instead."""
 LOG_CLEANUP_INTERVAL = 100
 """Versions between clean-ups of a table's expired log entries (a list of its `_delta_log`)."""
 EVOLVED_APP_ID = "trajlake-schema"
@@ -163,13 +163,16 @@ class Lake:
         """Load into `table` the commits written since its version.
 
         In a local lake a commit is the file `_delta_log/<version + 1>.json` appearing (Delta
-        writes it put-if-absent), so one `stat` says whether there is any: 8 µs where delta-rs
-        lists the log in 0.3 ms, and a sink commit or a query engine checks every table. Log
-        cleanup only removes commit files older than `delta.logRetentionDuration` (30 days by
-        default), so the next one stays there for any reader newer than that.
+        writes it put-if-absent), so a `stat` or two say whether there is any: 8 µs each where
+        delta-rs lists the log in 0.3 ms, and a sink commit or a query engine checks every table.
+        A log clean-up removes the commits before a checkpoint once they are older than the
+        table's retention; a reader that old finds its own commit gone too, and loads from the
+        checkpoint.
         """
-        if self.is_local and not _is_file(f"{self.uri(name)}/_delta_log/{table.version() + 1:020d}.json"):
-            return
+        if self.is_local:
+            log, version = f"{self.uri(name)}/_delta_log", table.version()
+            if not _is_file(f"{log}/{version + 1:020d}.json") and _is_file(f"{log}/{version:020d}.json"):
+                return
         table.update_incremental()
 
     def _committed(self, name: str, table: DeltaTable) -> int:
@@ -196,7 +199,7 @@ class Lake:
             with contextlib.suppress(CommitFailedError):  # another writer created it first
                 return DeltaTable.create(
                     uri, SCHEMAS[name], mode="ignore", storage_options=options, name=name,
-                    configuration=_table_properties(name),
+                    configuration=_table_properties(name, self.config),
                 )  # fmt: skip
             return DeltaTable(uri, storage_options=options)
 
@@ -783,12 +786,15 @@ def _merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _table_properties(name: str) -> dict[str, str]:
-    """The Delta properties a new table of `name` is created with: its checkpoint interval, and
-    which columns have statistics (`STATS_COLUMNS`: what our writer records, and what delta-rs
-    reads back, where it would otherwise keep only the first 32 columns' and drop e.g.
-    `trajectories.started_at`; its MERGE writes the same)."""
-    properties = {"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
+def _table_properties(name: str, config: LakeConfig) -> dict[str, str]:
+    """The Delta properties a new table of `name` is created with: its checkpoint interval, how
+    long its log keeps a commit, and which columns have statistics (`STATS_COLUMNS`: what our
+    writer records, and what delta-rs reads back, where it would otherwise keep only the first 32
+    columns' and drop e.g. `trajectories.started_at`; its MERGE writes the same)."""
+    properties = {
+        "delta.checkpointInterval": str(CHECKPOINT_INTERVAL),
+        "delta.logRetentionDuration": f"interval {config.log_retention_hours} hours",
+    }
     columns = [c for c in STATS_COLUMNS if c in SCHEMAS[name].names]
     if columns:
         properties["delta.dataSkippingStatsColumns"] = ",".join(columns)

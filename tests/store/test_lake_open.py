@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from trajlake.store import lake as lake_module
+from trajlake.store.config import LakeConfig
 from trajlake.store.errors import LakeError
 from trajlake.store.lake import CHECKPOINT_INTERVAL, LOG_CLEANUP_INTERVAL, Lake
 
@@ -57,6 +61,56 @@ def test_expired_log_entries_are_cleaned_up_every_interval_not_at_every_commit(t
     assert sorted(reader.read("trainer_steps").column("step").to_pylist()) == sorted(
         [*rows, LOG_CLEANUP_INTERVAL]
     )
+
+
+def age_log(log, hours: float) -> None:
+    """Date every entry of a `_delta_log` `hours` back, as if the commits were that old."""
+    then = time.time() - hours * 3600
+    for entry in log.iterdir():
+        os.utime(entry, (then, then))
+
+
+def test_a_new_table_keeps_its_log_for_the_configured_hours_not_thirty_days(tmp_path) -> None:
+    """A commit lists the whole log on a local disk, so the log must not keep a month of commits."""
+    writer = Lake(tmp_path / "lake", LakeConfig(log_retention_hours=3))
+    log = tmp_path / "lake" / "trainer_steps" / "_delta_log"
+    appended = 0
+
+    def append_until(version: int) -> None:  # `version` included: a clean-up runs at its multiples
+        nonlocal appended
+        while writer.version("trainer_steps") < version:
+            writer.append("trainer_steps", one_row(appended))
+            appended += 1
+
+    append_until(1)
+    configuration = DeltaTable(str(tmp_path / "lake" / "trainer_steps")).metadata().configuration
+    assert configuration["delta.logRetentionDuration"] == "interval 3 hours"
+    append_until(LOG_CLEANUP_INTERVAL - 1)
+    age_log(log, 2)  # younger than the retention: kept
+    append_until(LOG_CLEANUP_INTERVAL)
+    assert (log / f"{0:020d}.json").exists()
+    append_until(2 * LOG_CLEANUP_INTERVAL - 1)
+    age_log(log, 4)  # older: the commits before the last checkpoint go
+    append_until(2 * LOG_CLEANUP_INTERVAL)
+    first_kept = min(int(p.name.split(".")[0]) for p in log.glob("*.json"))
+    assert first_kept >= 2 * LOG_CLEANUP_INTERVAL - CHECKPOINT_INTERVAL
+    steps = Lake(tmp_path / "lake").read("trainer_steps").column("step").to_pylist()
+    assert sorted(steps) == list(range(appended))
+
+
+def test_a_reader_whose_commit_was_cleaned_up_still_sees_every_later_commit(tmp_path) -> None:
+    """A reader checks for the commit after its own with one `stat`; once the log before a
+    checkpoint is cleaned up, that commit is gone for good, and so is the reader's own."""
+    writer, reader = Lake(tmp_path / "lake"), Lake(tmp_path / "lake")
+    writer.append("trainer_steps", one_row(0))
+    assert reader.version("trainer_steps") == writer.version("trainer_steps")
+    for i in range(1, 2 * CHECKPOINT_INTERVAL + 3):
+        writer.append("trainer_steps", one_row(i))
+    age_log(tmp_path / "lake" / "trainer_steps" / "_delta_log", LakeConfig().log_retention_hours + 1)
+    writer.delta("trainer_steps").cleanup_metadata()
+    assert not (tmp_path / "lake" / "trainer_steps" / "_delta_log" / f"{1:020d}.json").exists()
+    assert reader.version("trainer_steps") == writer.version("trainer_steps")
+    assert reader.read("trainer_steps").num_rows == 2 * CHECKPOINT_INTERVAL + 3
 
 
 def test_a_failed_log_clean_up_leaves_the_commit_standing(tmp_path, monkeypatch, caplog) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 
 import pyarrow as pa
 import pytest
@@ -14,6 +16,7 @@ from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.schemas.tables import PROJECTION_TABLES
 from trajlake.store import projections
+from trajlake.store.config import LakeConfig
 from trajlake.store.lake import Lake
 
 SORT = {
@@ -102,3 +105,30 @@ def test_a_crash_between_events_and_projections_is_repaired_on_restart(lake) -> 
     DeltaSink(lake, InProcessBus())  # a restarted sink catches up from the position in the Delta log
     assert lake.read("trajectories").num_rows == 20
     assert lake.txn_version("trajectories", projections.APP_ID) == lake.version("events")
+
+
+def test_a_projector_behind_a_log_clean_up_rebuilds_to_the_rows_of_one(lake, tmp_path) -> None:
+    """Catch-up reads the `events` commits after its position; once a clean-up removed them (the
+    log keeps `LakeConfig.log_retention_hours`), it recomputes its tables from the files."""
+    first = InProcessBus()
+    generate(first, LoadgenConfig(trajectories=24, seed=5))
+    DeltaSink(lake, first, SinkConfig()).run(until_idle_s=0)
+    position = lake.txn_version("trajectories", projections.APP_ID)
+    for i in range(3):  # three commits of events that no projection has seen
+        later = InProcessBus()
+        generate(later, LoadgenConfig(trajectories=8, seed=6 + i, first_group=100 * (i + 1)))
+        DeltaSink(lake, later, SinkConfig(update_projections=False)).run(until_idle_s=0)
+    log = tmp_path / "lake" / "events" / "_delta_log"
+    then = time.time() - (LakeConfig().log_retention_hours + 1) * 3600
+    for entry in log.iterdir():
+        os.utime(entry, (then, then))
+    lake.delta("events").create_checkpoint()
+    lake.delta("events").cleanup_metadata()
+    assert projections.added_files(lake, position, lake.version("events")) is None  # the log is gone
+    projections.catch_up(lake)
+    caught_up = snapshot(lake)
+    assert caught_up["trajectories"].num_rows == 48
+    projections.rebuild(lake)
+    rebuilt = snapshot(lake)
+    for name in PROJECTION_TABLES:
+        assert caught_up[name].equals(rebuilt[name]), name
