@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import time
-
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from tests.helpers import age_log
 from trajlake.store import lake as lake_module
 from trajlake.store.config import LakeConfig
 from trajlake.store.errors import LakeError
@@ -61,13 +59,6 @@ def test_expired_log_entries_are_cleaned_up_every_interval_not_at_every_commit(t
     assert sorted(reader.read("trainer_steps").column("step").to_pylist()) == sorted(
         [*rows, LOG_CLEANUP_INTERVAL]
     )
-
-
-def age_log(log, hours: float) -> None:
-    """Date every entry of a `_delta_log` `hours` back, as if the commits were that old."""
-    then = time.time() - hours * 3600
-    for entry in log.iterdir():
-        os.utime(entry, (then, then))
 
 
 def test_a_new_table_keeps_its_log_for_the_configured_hours_not_thirty_days(tmp_path) -> None:

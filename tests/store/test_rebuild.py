@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import time
 
 import pyarrow as pa
 import pytest
 
-from tests.helpers import trajlake
+from tests.helpers import age_log, trajlake
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
@@ -118,10 +116,7 @@ def test_a_projector_behind_a_log_clean_up_rebuilds_to_the_rows_of_one(lake, tmp
         later = InProcessBus()
         generate(later, LoadgenConfig(trajectories=8, seed=6 + i, first_group=100 * (i + 1)))
         DeltaSink(lake, later, SinkConfig(update_projections=False)).run(until_idle_s=0)
-    log = tmp_path / "lake" / "events" / "_delta_log"
-    then = time.time() - (LakeConfig().log_retention_hours + 1) * 3600
-    for entry in log.iterdir():
-        os.utime(entry, (then, then))
+    age_log(tmp_path / "lake" / "events" / "_delta_log", LakeConfig().log_retention_hours + 1)
     lake.delta("events").create_checkpoint()
     lake.delta("events").cleanup_metadata()
     assert projections.added_files(lake, position, lake.version("events")) is None  # the log is gone
