@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from trajlake.cli import tune_malloc
 from trajlake.ingest import codec
 from trajlake.ingest.bus.base import Message, Packing
 from trajlake.ingest.bus.inprocess import InProcessBus
@@ -525,4 +526,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    tune_malloc()  # the sink runs as in a `trajlake` process
     sys.exit(main())

@@ -25,7 +25,8 @@ version every ~2M tokens, as a trainer's versions advance). At each size it meas
                           checked to leave the run's aggregates unchanged (so every size after the
                           first starts from a compacted lake, as a run compacted now and then)
   peak_rss_mb             the largest peak RSS of the step's phases, each run in a process of its
-                          own as a deployment runs them: rss_ingest_mb (loadgen, the in-process bus
+                          own as a deployment runs them (as a `trajlake` process, without glibc's
+                          fastbins: `trajlake.cli.tune_malloc`): rss_ingest_mb (loadgen, the in-process bus
                           and the sink, then catch-up), rss_read_mb (lookups, SQL, every page,
                           metrics, the sampler), rss_rebuild_mb and rss_compact_mb
   events_commits, files, lake_bytes_per_token   Delta commits of `events`, data files of every
@@ -55,6 +56,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from trajlake.cli import tune_malloc
 
 RUN = "bench-scale"
 CHUNK_TOKENS = 2_000_000
@@ -418,4 +421,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    tune_malloc()  # each phase runs as in a `trajlake` process
     main()

@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trajlake.cli import tune_malloc
 from trajlake.ingest import codec
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.sink import DeltaSink, SinkConfig
@@ -250,4 +251,5 @@ def codec_message(m):  # a fresh copy without its old position
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    tune_malloc()  # the lake is written as in a `trajlake` process
     main()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -150,3 +151,35 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(versions_lake, args)
     _, err = child.communicate(timeout=120)
     assert first.split()[0] in ("event_id", "policy_version")
     assert child.returncode in (0, 141) and err == ""
+
+
+FREED_IN_FASTBINS = """
+import ctypes, sys
+from trajlake import cli
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                              "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+def command(argv=None):  # stands in for the command `run` starts: frees small blocks, counts those in fastbins
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.free.argtypes, libc.mallinfo2.restype = ctypes.c_void_p, [ctypes.c_void_p], MallInfo2
+    for block in [libc.malloc(32) for _ in range(1000)]:
+        libc.free(block)
+    print(libc.mallinfo2().smblks)
+    return 0
+
+cli.main = command
+sys.argv = ["trajlake"]
+cli.run()
+"""
+
+
+@pytest.mark.integration  # a process of its own: the entry point changes its allocator
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="fastbins are glibc's")
+@pytest.mark.parametrize(("tunables", "fastbins"), [("", False), ("glibc.malloc.mxfast=64", True)])
+def test_a_trajlake_process_frees_small_blocks_without_fastbins_unless_told(tunables, fastbins) -> None:
+    env = os.environ | {"GLIBC_TUNABLES": tunables}
+    out = subprocess.run([sys.executable, "-c", FREED_IN_FASTBINS], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert (int(out.stdout) > 0) is fastbins
