@@ -164,7 +164,12 @@ class MallInfo2(ctypes.Structure):
 def command(argv=None):  # stands in for the command `run` starts: frees small blocks, counts those in fastbins
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.free.argtypes, libc.mallinfo2.restype = ctypes.c_void_p, [ctypes.c_void_p], MallInfo2
-    for block in [libc.malloc(32) for _ in range(1000)]:
+    # the pointers live in one buffer that outlives the count: freeing a list of them instead could merge
+    # into a free chunk of 64 KiB or more, which empties the fastbins (glibc's consolidation) by chance of layout
+    blocks = (ctypes.c_void_p * 1000)()
+    for i in range(len(blocks)):
+        blocks[i] = libc.malloc(32)
+    for block in blocks:
         libc.free(block)
     print(libc.mallinfo2().smblks)
     return 0
