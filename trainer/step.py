@@ -44,7 +44,8 @@ def policy_step(
 ) -> dict[str, Any]:
     """Forward, backward and (with an optimizer) update on `batch`; return the step's metrics.
 
-    Without an optimizer the gradients are computed (for the grad norm) but not applied.
+    Without an optimizer the gradients are computed (for the grad norm) but not applied; a zero
+    gradient (a batch without signal) leaves the weights and the optimizer's state as they are.
     Sets `batch.advantages` to the advantages the step used, for the commit to record.
     """
     return _step(model, optimizer, batch, [config], fold_vocab)[0]
@@ -138,7 +139,9 @@ def _step(
         norms = [float(t.grad.norm()) if t.grad is not None else 0.0 for t in tallies]
     else:
         norms = [float(torch.nn.utils.clip_grad_norm_(params, configs[0].max_grad_norm)) if params else 0.0]
-    if optimizer is not None:
+    if optimizer is not None and norms[0] > 0:
+        # a batch without signal (every group scored alike: zero advantages) has a zero gradient;
+        # Adam would still move the weights along its momentum, repeating the last update
         optimizer.step()
     duration = time.perf_counter() - started
     return [

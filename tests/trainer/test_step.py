@@ -11,16 +11,14 @@ from trajlake.trainer.policy import TinyPolicy
 from trajlake.trainer.step import evaluate_configs, policy_step
 
 
-def make_batch(budget: int) -> Batch:
+def make_batch(budget: int, reward=lambda i: float(i % 2)) -> Batch:
     rng = np.random.default_rng(0)
     samples = []
     for i, length in enumerate([5, 9, 14, 6, 11, 7]):
         ids = rng.integers(0, 20, length).astype(np.int32)
         lps = -rng.random(length).astype(np.float32)
         mask = np.arange(length) >= 2
-        samples.append(
-            TrajectorySample(f"t{i}", f"g{i // 3}", None, float(i % 2), 1, 0, ids, lps * mask, mask)
-        )
+        samples.append(TrajectorySample(f"t{i}", f"g{i // 3}", None, reward(i), 1, 0, ids, lps * mask, mask))
     return Batch("r", 0, 1, samples, pack_micro_batches([s.n_tokens for s in samples], budget))
 
 
@@ -59,3 +57,25 @@ def test_an_update_takes_exactly_one_configuration():
         _step(
             policy, torch.optim.SGD(policy.parameters(), lr=0.1), make_batch(50), [TrainerConfig()] * 2, None
         )
+
+
+def test_a_batch_without_signal_leaves_the_weights_as_they_are():
+    """Every sample of a group scored alike: zero advantages, a zero gradient, and no update,
+    though Adam's momentum from the step before would move the weights on its own."""
+    import torch
+
+    config = TrainerConfig(advantage="drgrpo", policy_loss="ppo")
+    policy = TinyPolicy(20, d_model=8)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+
+    def weights() -> list[torch.Tensor]:
+        return [p.detach().clone() for p in policy.parameters()]
+
+    start = weights()
+    policy_step(policy, optimizer, make_batch(50), config)
+    after_signal = weights()
+    assert not all(torch.equal(a, b) for a, b in zip(start, after_signal, strict=True))
+
+    metrics = policy_step(policy, optimizer, make_batch(50, reward=lambda i: float(i // 3)), config)
+    assert metrics["grad_norm"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(after_signal, weights(), strict=True))
