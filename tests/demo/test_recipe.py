@@ -211,7 +211,13 @@ def test_the_demo_on_vllm_learns_and_turns_carry_the_servers_weight_versions(
     )  # fmt: skip
 
     rewards = reward_by_version(lake, "engine")
-    assert code == 0 and summary["learned"], f"reward by version did not rise enough: {rewards}"
+    # a failure shows each step's (grad norm, entropy) as well: CI keeps no lake to look into
+    steps = lake.sql(
+        "select round(grad_norm, 2) as grad, round(entropy, 3) as entropy from trainer_steps where run_id = 'engine' order by step"
+    ).to_pylist()
+    assert code == 0 and summary["learned"], (
+        f"reward by version did not rise enough: {rewards}; steps: {steps}"
+    )
     # every turn names the weights the server had when it sampled it (its weight_versions spans)
     versions = (
         lake.sql("select distinct policy_version from turns where run_id = 'engine'").column(0).to_pylist()
