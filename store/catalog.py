@@ -1,4 +1,5 @@
-"""The SQL catalog: runs, policy versions, sampler leases and import cursors (SQLite by default, PostgreSQL by URL).
+"""The SQL catalog: runs, policy versions, sampler leases, import cursors and the sampler's file
+counts (SQLite by default, PostgreSQL by URL).
 
 Leases are what keep several trainer ranks, in separate processes, from taking the same
 trajectory: a rank claims trajectory ids in one atomic statement,
@@ -17,7 +18,7 @@ waits on a busy timeout. The schema is created and upgraded by Alembic on open.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from trajlake.schemas.retry import retrying
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = 7_305_221_001
 CLAIM_CHUNK = 500
-"""Ids per INSERT statement (keeps bound parameters under SQLite's limit)."""
+"""Ids (or paths, or rows) per statement: keeps bound parameters under SQLite's limit."""
 
 
 def utcnow() -> dt.datetime:
@@ -107,6 +108,24 @@ class SourceCursor(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class FileCount(Base):
+    """A `trajectories` data file's rows of one run that a sampler counts without reading them:
+    the finished ones, the system failures among them and the others without a reward. A data
+    file never changes, so its count holds for as long as the file is part of the table; a new
+    sampler reads it here instead of the file. The row of a file compaction replaced stays,
+    unread (a row per file a sampler ever counted)."""
+
+    __tablename__ = "trajectory_file_counts"
+    run_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    path: Mapped[str] = mapped_column(String(500), primary_key=True)
+    finished: Mapped[int] = mapped_column(BigInteger)
+    system_failures: Mapped[int] = mapped_column(BigInteger)
+    no_reward: Mapped[int] = mapped_column(BigInteger)
+
+
+FILE_COUNTS = ("finished", "system_failures", "no_reward")
+
+
 def default_url(lake_root: str | Path) -> str:
     """The embedded catalog of a lake: `sqlite:///<lake>/catalog.db`."""
     return f"sqlite:///{Path(lake_root).resolve() / 'catalog.db'}"
@@ -161,7 +180,7 @@ def upgrade(engine: Engine) -> None:
 
 
 class Catalog:
-    """Runs, policy versions, sampler leases and import cursors in one SQL database."""
+    """Runs, policy versions, sampler leases, import cursors and file counts in one SQL database."""
 
     def __init__(
         self,
@@ -268,6 +287,33 @@ class Catalog:
                     updated_at=self.clock(),
                 )
             )
+
+    # -- file counts ------------------------------------------------------------------------
+    def file_counts(self, run_id: str, paths: Sequence[str]) -> dict[str, dict[str, int]]:
+        """The stored `FileCount` of each of `paths` that has one: path -> `FILE_COUNTS`."""
+        found: dict[str, dict[str, int]] = {}
+        columns = [FileCount.path, *(getattr(FileCount, name) for name in FILE_COUNTS)]
+        with self.engine.connect() as conn:
+            for start in range(0, len(paths), CLAIM_CHUNK):
+                chunk = paths[start : start + CLAIM_CHUNK]
+                stmt = select(*columns).where(FileCount.run_id == run_id, FileCount.path.in_(chunk))
+                for path, *values in conn.execute(stmt):
+                    found[path] = dict(zip(FILE_COUNTS, values, strict=True))
+        return found
+
+    def save_file_counts(self, run_id: str, counts: Mapping[str, Mapping[str, int]]) -> None:
+        """Store each file's `FILE_COUNTS` (path -> counts); a file already stored keeps its row,
+        which holds the same counts (ranks counting one file at once do not conflict)."""
+        rows = [
+            {"run_id": run_id, "path": path, **{k: c[k] for k in FILE_COUNTS}} for path, c in counts.items()
+        ]
+        if not rows:
+            return
+        table: Any = FileCount.__table__
+        stmt = self._insert()(table).on_conflict_do_nothing(index_elements=[table.c.run_id, table.c.path])
+        with self.engine.begin() as conn:
+            for start in range(0, len(rows), CLAIM_CHUNK):
+                conn.execute(stmt, rows[start : start + CLAIM_CHUNK])
 
     # -- leases ---------------------------------------------------------------------------
     def claim(

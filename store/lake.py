@@ -608,6 +608,7 @@ class Lake:
         among: tuple[str, Sequence[Any]] | None = None,
         files: pa.Table | None = None,
         select: str | None = None,
+        by_file: bool = False,
     ) -> pa.Table:
         """Rows of a stored table (no views), optionally projected and filtered with SQL.
 
@@ -626,13 +627,15 @@ class Lake:
             files: a `file_stats(name)` table to read from instead of the table's current files,
                 so that several reads see one snapshot; `within` or `among` keep those of its files
                 that may hold their range.
+            by_file: the aggregates of `select` per file, each row's file in a first column `uri`
+                (a file without rows may have no row), in one read of every file.
         """
         from trajlake.store.sql import placeholders, read_files
 
         if among is not None:
             column, values = among
             if not values:
-                return read_files(self, name, columns, "false", None, [], select=select)
+                return read_files(self, name, columns, "false", None, [], select=select, by_file=by_file)
             if isinstance(params, Mapping) or within is not None:
                 raise TypeError("read(among=...) takes positional params (`?`) and no `within`")
             lo, hi = min(values), max(values)
@@ -644,7 +647,7 @@ class Lake:
             uris = (files if within is None else _may_hold(files, *within)).column("uri").to_pylist()
         else:
             uris = self.files_within(name, *within) if within else None
-        return read_files(self, name, columns, where, params, uris, select=select)
+        return read_files(self, name, columns, where, params, uris, select=select, by_file=by_file)
 
     def trajectory(self, trajectory_id: str, run_id: str | None = None) -> pa.Table:
         """One trajectory with its token lists, from only the files that may hold it (`read_trajectory`)."""

@@ -149,6 +149,7 @@ def register_tables(
     datasets: dict[str, Any] | None = None,
     temp: bool = False,
     files: Mapping[str, Sequence[str]] | None = None,
+    filename: bool = False,
 ) -> None:
     """(Re)create a raw `_t_<name>` view per table over its current files.
 
@@ -156,7 +157,8 @@ def register_tables(
     registered objects belong to one connection, so they are also kept in `datasets` for
     cursors to register again. With `temp`, the views are the connection's own (a
     `connection()` shares its database with others); without, its cursors see them. `files`
-    narrows a table's view to some of its current files (`Lake.files_within`).
+    narrows a table's view to some of its current files (`Lake.files_within`). With `filename`,
+    a local table's view ends with DuckDB's `filename` column: the file each row is from.
     """
     view = "temp view" if temp else "view"
     statements = []  # run as one script: DuckDB takes 8 views in one call in 2/3 of the time of 8 calls
@@ -176,7 +178,7 @@ def register_tables(
                 datasets[f"_d_{name}"] = dataset
             source = f"select * from _d_{name}"
         elif files_of:
-            source = _select_files(con, lake, name, files_of, temp)
+            source = _select_files(con, lake, name, files_of, temp, filename)
         else:
             source = _no_rows(name)
         statements.append(f"create or replace {view} _t_{name} as {source}")
@@ -216,9 +218,15 @@ def _arrow_table(con: duckdb.DuckDBPyConnection, name: str, data: pa.Table, temp
 
 
 def _select_files(
-    con: duckdb.DuckDBPyConnection, lake: Lake, name: str, files: Sequence[str], temp: bool
+    con: duckdb.DuckDBPyConnection,
+    lake: Lake,
+    name: str,
+    files: Sequence[str],
+    temp: bool,
+    filename: bool = False,
 ) -> str:
-    """A query over local Parquet files of `name` with every column of its schema.
+    """A query over local Parquet files of `name` with every column of its schema (and the file
+    of each row as `filename`, when asked).
 
     Columns the stored table lacks (a lake from before a field existed) read as null; once
     a table has gained columns, its files are read by column name, older ones without them.
@@ -228,14 +236,16 @@ def _select_files(
     schema = SCHEMAS[name]
     stored = set(lake.stored_columns(name))
     mixed = lake.may_mix_schemas(name)
-    source = f"read_parquet({_file_list(files)}{', union_by_name = true' if mixed else ''})"
+    options = (", union_by_name = true" if mixed else "") + (", filename = true" if filename else "")
+    source = f"read_parquet({_file_list(files)}{options})"
     missing = [f for f in schema if f.name not in stored]
     if not missing and not mixed:
         return f"select * from {source}"
     if missing:  # one row of typed nulls, joined on: a cast for every Arrow type, done by DuckDB
         _arrow_table(con, f"_nulls_{name}", pa.table({f.name: pa.nulls(1, f.type) for f in missing}), temp)
         source += f", _nulls_{name}"
-    return "select " + ", ".join(f'"{c}"' for c in schema.names) + f" from {source}"
+    columns = [*schema.names, *(["filename"] if filename else [])]
+    return "select " + ", ".join(f'"{c}"' for c in columns) + f" from {source}"
 
 
 def read_files(
@@ -246,19 +256,44 @@ def read_files(
     params: Params = None,
     files: Sequence[str] | None = None,
     select: str | None = None,
+    by_file: bool = False,
 ) -> pa.Table:
     """Internal read of one stored table, or of some of its `files` (trusted SQL: no read-only
-    guard); values go in `params`. `select` replaces `columns` with SQL expressions."""
+    guard); values go in `params`. `select` replaces `columns` with SQL expressions; with
+    `by_file`, its aggregates are taken per file, their `uri` first: a row per file with rows
+    (a file without may have one too)."""
     if select is not None and columns is not None:
         raise TypeError("read_files takes columns or select, not both")
+    if by_file:
+        if select is None:
+            raise TypeError("read_files(by_file=True) takes aggregates in `select`")
+        uris = list(files) if files is not None else lake.files(name)
+        if not uris or not lake.is_local:  # a dataset's rows do not tell their file
+            return _aggregate_each_file(lake, name, where, params, uris, select)
     con = connection()
     try:
-        register_tables(con, lake, [name], temp=True, files=None if files is None else {name: files})
+        files_of = None if files is None else {name: files}
+        register_tables(con, lake, [name], temp=True, files=files_of, filename=by_file)
         cols = select or (", ".join(f'"{c}"' for c in columns) if columns else "*")
-        query = f"select {cols} from _t_{name}" + (f" where {where}" if where else "")
+        query = f"select {'filename as uri, ' if by_file else ''}{cols} from _t_{name}"
+        query += (f" where {where}" if where else "") + (" group by filename" if by_file else "")
         return con.sql(query, params=params).to_arrow_table()
     finally:
         con.close()
+
+
+def _aggregate_each_file(
+    lake: Lake, name: str, where: str | None, params: Params, uris: list[str], select: str
+) -> pa.Table:
+    """`read_files(by_file=True)` as one read of each file: an aggregate gives one row a file."""
+    parts = [
+        read_files(lake, name, None, where, params, [uri], select).add_column(0, "uri", pa.array([uri]))
+        for uri in uris
+    ]
+    if not parts:
+        empty = read_files(lake, name, None, "false", None, [], select).slice(0, 0)
+        parts = [empty.add_column(0, "uri", pa.array([], pa.string()))]
+    return pa.concat_tables(parts)
 
 
 def read_trajectory(lake: Lake, trajectory_id: str, run_id: str | None = None) -> pa.Table:

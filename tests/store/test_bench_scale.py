@@ -15,8 +15,8 @@ def test_the_scale_bench_reports_each_figure_at_each_size_and_its_growth(tmp_pat
     sizes = figures["sizes_tokens"]
     assert len(sizes) == 2 and 1e6 <= sizes[0] < sizes[1]
     for name in ("point_lookup_warm_s", "point_lookup_cold_s", "catch_up_s", "sampler_batch_s",
-                 "sampler_next_batch_s", "slowest_page_s", "slowest_sql_s", "peak_rss_mb",
-                 "lake_bytes_per_token"):  # fmt: skip
+                 "sampler_empty_catalog_s", "sampler_next_batch_s", "slowest_page_s", "slowest_sql_s",
+                 "peak_rss_mb", "lake_bytes_per_token"):  # fmt: skip
         values = figures["figures"][name]
         assert len(values) == 2 and all(v > 0 for v in values), name
         assert figures["growth"][name] == pytest.approx(values[1] / values[0]), name

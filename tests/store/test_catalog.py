@@ -38,9 +38,11 @@ def test_opening_migrates_to_head_and_reopening_is_a_no_op(catalog_url):
     first.close()
     second = Catalog(catalog_url)
     tables = set(inspect(second.engine).get_table_names())
-    assert {"runs", "policy_versions", "sampler_leases", "source_cursors", "alembic_version"} <= tables
+    assert {
+        "runs", "policy_versions", "sampler_leases", "source_cursors", "trajectory_file_counts", "alembic_version"
+    } <= tables  # fmt: skip
     with second.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar_one() == "0002"
+        assert conn.execute(text("select version_num from alembic_version")).scalar_one() == "0003"
     assert second.get_run("r1")["config"] == {"lr": 0.1}
     second.close()
 
@@ -143,4 +145,24 @@ def test_a_source_cursor_survives_reopening_the_catalog(catalog_url):
     second = Catalog(catalog_url)
     assert second.source_cursor("r", "agent-lightning:http://agl") == (5, "rollout-5")
     assert second.source_cursor("other-run", "agent-lightning:http://agl") == (1, "rollout-1")
+    second.close()
+
+
+def test_file_counts_are_kept_per_run_and_a_file_counted_twice_keeps_its_first_row(catalog_url):
+    """Ranks may count one file at once: the second save is no error, and a file's count never changes."""
+    first = Catalog(catalog_url)
+    assert first.file_counts("r", ["a.parquet"]) == {}
+    first.save_file_counts("r", {"a.parquet": {"finished": 5, "system_failures": 1, "no_reward": 2}})
+    first.save_file_counts("other-run", {"a.parquet": {"finished": 7, "system_failures": 0, "no_reward": 0}})
+    many = {f"{i}.parquet": {"finished": i, "system_failures": 0, "no_reward": 0} for i in range(1200)}
+    first.save_file_counts("r", many)  # more rows than one statement binds
+    first.close()
+    second = Catalog(catalog_url)
+    second.save_file_counts("r", {"a.parquet": {"finished": 9, "system_failures": 0, "no_reward": 0}})
+    assert second.file_counts("r", ["a.parquet", "b.parquet"]) == {
+        "a.parquet": {"finished": 5, "system_failures": 1, "no_reward": 2}
+    }
+    assert second.file_counts("other-run", ["a.parquet"])["a.parquet"]["finished"] == 7
+    stored = second.file_counts("r", sorted(many))
+    assert {p: c["finished"] for p, c in stored.items()} == {p: c["finished"] for p, c in many.items()}
     second.close()

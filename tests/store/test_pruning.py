@@ -107,9 +107,9 @@ def test_rows_among_some_ids_are_read_from_the_files_of_their_range_and_equal_an
     opened: list[list[str] | None] = []
     real = sql.read_files
 
-    def spy(lake, name, columns, where, params, files, select=None):
+    def spy(lake, name, columns, where, params, files, **kw):
         opened.append(files)
-        return real(lake, name, columns, where, params, files, select=select)
+        return real(lake, name, columns, where, params, files, **kw)
 
     monkeypatch.setattr(sql, "read_files", spy)
     columns, order = (
@@ -173,3 +173,25 @@ def same_figures(a: list[dict], b: list[dict]) -> bool:
     return len(a) == len(b) and all(
         r.keys() == q.keys() and all(same(r[k], q[k]) for k in r) for r, q in zip(a, b, strict=True)
     )
+
+
+def test_aggregates_per_file_in_one_read_equal_each_file_read_alone(many_files):
+    """`read(by_file=True)`: the aggregates of every file at once, as reading each alone gives them
+    (the sampler's per-file counts); a file without matching rows has none."""
+    files = many_files.file_stats("trajectories")
+    query = {
+        "where": "run_id = ? and finished",
+        "params": [RUN],
+        "select": "count(*) as n, sum(n_turns) as turns",
+    }
+    per_file = many_files.read("trajectories", files=files, by_file=True, **query).to_pylist()
+    alone = {
+        uri: many_files.read("trajectories", files=files.slice(i, 1), **query).to_pylist()[0]
+        for i, uri in enumerate(files.column("uri").to_pylist())
+    }
+    assert {row.pop("uri"): row for row in per_file} == {uri: row for uri, row in alone.items() if row["n"]}
+    assert 0 < len(per_file) < files.num_rows  # the other run's file holds none of these rows
+    none = many_files.read("trajectories", files=files.slice(0, 0), by_file=True, **query)
+    assert (none.num_rows, none.column_names) == (0, ["uri", "n", "turns"])
+    with pytest.raises(TypeError, match="aggregates"):
+        many_files.read("trajectories", ["n_turns"], by_file=True)

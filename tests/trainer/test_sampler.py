@@ -40,6 +40,20 @@ def pair(spec):
     return _pair
 
 
+def count_reads(lake, monkeypatch) -> list[int]:
+    """The number of files each count (a read with `select`) of `lake` reads, as they happen."""
+    reads: list[int] = []
+    real_read = lake.read
+
+    def spy(name, *args, files=None, select=None, **kw):
+        if select is not None:
+            reads.append(files.num_rows)
+        return real_read(name, *args, files=files, select=select, **kw)
+
+    monkeypatch.setattr(lake, "read", spy)
+    return reads
+
+
 def test_only_fresh_trajectories_are_handed_out(lake, catalog, make_run, pair):
     make_run(pair("g2", version=2) + pair("g3", version=3) + pair("g5", version=5))
     batch = sampler(lake, catalog, max_staleness=2, groups_per_batch=10).next_batch(trainer_version=5, step=0)
@@ -119,15 +133,7 @@ def test_a_samplers_counts_stay_right_as_its_window_moves_and_files_are_compacte
     for version in range(4):
         failed = spec(f"g{version}", reward=None, version=version, status="error", origin="system")
         make_run([*pair(f"g{version}", version=version), failed])
-    reads: list[int] = []  # files each count of the run's finished rows read
-    real_read = lake.read
-
-    def spy(name, *args, files=None, select=None, **kw):
-        if select is not None:
-            reads.append(files.num_rows)
-        return real_read(name, *args, files=files, select=select, **kw)
-
-    monkeypatch.setattr(lake, "read", spy)
+    reads = count_reads(lake, monkeypatch)  # files each count of the run's finished rows read
 
     def counts(chooser: Sampler, version: int) -> tuple[int, ...]:
         stats = chooser.select_groups(trainer_version=version)[1]
@@ -147,6 +153,36 @@ def test_a_samplers_counts_stay_right_as_its_window_moves_and_files_are_compacte
     compact(lake, vacuum=False)
     assert lake.file_stats("trajectories").num_rows < files
     assert counts(chooser, 3) == fresh(3) == (12, 4, 0, 6)
+
+
+def test_a_new_sampler_takes_the_counts_of_files_out_of_reach_from_the_catalog(
+    lake, catalog, make_run, pair, spec, monkeypatch
+):
+    """A restarted trainer's sampler reads the files out of its window from none of their rows:
+    an earlier sampler kept each file's count in the catalog. Without a catalog it counts them."""
+    for version in range(4):
+        failed = spec(f"g{version}", reward=None, version=version, status="error", origin="system")
+        make_run(
+            [*pair(f"g{version}", version=version), spec(f"g{version}", reward=None, version=version), failed]
+        )
+    expected = (16, 4, 4, 6)  # finished, system failures, others without a reward, stale
+    files = lake.file_stats("trajectories")
+    near = _reach(files, "run-t", oldest=3).num_rows
+    assert 0 < near < files.num_rows
+    reads = count_reads(lake, monkeypatch)
+
+    def counts(chooser: Sampler) -> tuple[int, ...]:
+        stats = chooser.select_groups(trainer_version=3)[1]
+        return stats.finished, stats.system_failures, stats.no_reward, stats.stale
+
+    assert counts(sampler(lake, catalog, max_staleness=0)) == expected
+    assert sum(reads) == files.num_rows  # the first sampler ever read every file once
+    reads.clear()
+    assert counts(sampler(lake, catalog, max_staleness=0)) == expected
+    assert reads == [near]  # a new one: only the files within reach
+    reads.clear()
+    assert counts(Sampler(lake, None, SamplerConfig(run_id="run-t", max_staleness=0))) == expected
+    assert sorted(reads) == sorted([near, files.num_rows - near])  # no catalog: one count of the rest
 
 
 def test_files_without_statistics_are_read(lake, catalog, make_run, pair):
