@@ -28,6 +28,16 @@ MIN_RETENTION_HOURS = 168
 
 TARGET_FILE_BYTES = 256 << 20
 
+TRAJECTORIES_FILE_BYTES = 8 << 20
+"""The size `trajectories` files are merged up to (about 100k trajectories): a sampler reads only the
+files whose versions reach into its staleness window, and the run in one merged file put every
+row of it in reach, at every batch after a compaction."""
+
+
+def target_bytes(name: str) -> int:
+    """The size files of table `name` are merged up to."""
+    return TRAJECTORIES_FILE_BYTES if name == "trajectories" else TARGET_FILE_BYTES
+
 
 @dataclass
 class CompactionReport:
@@ -65,10 +75,10 @@ def _bins(sizes: list[tuple[str, int]], target: int) -> list[list[tuple[str, int
     return [b for b in bins if len(b) > 1]
 
 
-def optimize(lake: Lake, name: str, target_bytes: int = TARGET_FILE_BYTES) -> tuple[int, int, int]:
+def optimize(lake: Lake, name: str) -> tuple[int, int, int]:
     """Merge the small files of one table; return (files removed, files added, files raced)."""
-    sizes = _sizes(lake, name)
-    return _merge_bins(lake, name, _bins([f for f in sizes if f[1] < target_bytes], target_bytes))
+    target = target_bytes(name)
+    return _merge_bins(lake, name, _bins([f for f in _sizes(lake, name) if f[1] < target], target))
 
 
 def merge_tiers(lake: Lake, name: str, fanin: int) -> tuple[int, int, int]:
@@ -77,16 +87,17 @@ def merge_tiers(lake: Lake, name: str, fanin: int) -> tuple[int, int, int]:
 
     Run after each commit, this keeps a table that grows a small file a commit at about
     `fanin - 1` files per magnitude (tens, where a run makes thousands) while each row is
-    rewritten only once per magnitude it climbs; files of TARGET_FILE_BYTES and more stay.
+    rewritten only once per magnitude it climbs; files of `target_bytes(name)` and more stay.
     """
     removed = added = raced = 0
+    target = target_bytes(name)
     while True:
         tiers: dict[int, list[tuple[str, int]]] = {}
         for path, size in _sizes(lake, name):
-            if size < TARGET_FILE_BYTES:
+            if size < target:
                 tiers.setdefault(int(math.log(max(size, 1), fanin)), []).append((path, size))
         full = [files for _, files in sorted(tiers.items()) if len(files) >= fanin]
-        bins = _bins(full[0], TARGET_FILE_BYTES) if full else []
+        bins = _bins(full[0], target) if full else []
         if not bins:
             return removed, added, raced
         r, a, x = _merge_bins(lake, name, bins)

@@ -185,6 +185,27 @@ def test_a_new_sampler_takes_the_counts_of_files_out_of_reach_from_the_catalog(
     assert sorted(reads) == sorted([near, files.num_rows - near])  # no catalog: one count of the rest
 
 
+def test_after_a_compaction_a_sampler_still_reads_only_the_files_within_its_window(
+    lake, catalog, make_run, pair, monkeypatch
+):
+    """Compaction merges `trajectories` files only up to `TRAJECTORIES_FILE_BYTES`: the run in one
+    file would put every row in reach at every batch after it."""
+    from trajlake.store import compact as compaction
+
+    for version in range(8):
+        make_run(pair(f"g{version}", version=version))
+    before = sampler(lake, catalog, max_staleness=1).select_groups(trainer_version=7)
+    sizes = lake.file_stats("trajectories").column("size_bytes").to_pylist()
+    monkeypatch.setattr(compaction, "TRAJECTORIES_FILE_BYTES", 3 * max(sizes))  # a few files a bin
+    compaction.compact(lake, vacuum=False)
+    files = lake.file_stats("trajectories")
+    assert 1 < files.num_rows < len(sizes)
+    assert 0 < _reach(files, "run-t", oldest=6).num_rows < files.num_rows
+    after = sampler(lake, catalog, max_staleness=1).select_groups(trainer_version=7)
+    assert [g.group_id for g in after[0]] == [g.group_id for g in before[0]] == ["g6", "g7"]
+    assert after[1].stale == before[1].stale == 12
+
+
 def test_files_without_statistics_are_read(lake, catalog, make_run, pair):
     """A lake written before the sampler's columns had Delta statistics: every file is kept."""
     make_run(pair("old", version=0))
