@@ -123,7 +123,8 @@ class FileCount(Base):
     no_reward: Mapped[int] = mapped_column(BigInteger)
 
 
-FILE_COUNTS = ("finished", "system_failures", "no_reward")
+FILE_COUNTS = tuple(c.name for c in FileCount.__table__.columns if not c.primary_key)
+"""The counts a `FileCount` keeps: `finished`, `system_failures`, `no_reward`."""
 
 
 def default_url(lake_root: str | Path) -> str:

@@ -628,7 +628,8 @@ class Lake:
                 so that several reads see one snapshot; `within` or `among` keep those of its files
                 that may hold their range.
             by_file: the aggregates of `select` per file, each row's file in a first column `uri`
-                (a file without rows may have no row), in one read of every file.
+                (a file without rows may have no row): one read of a local table's files, a read
+                of each file on object storage.
         """
         from trajlake.store.sql import placeholders, read_files
 

@@ -267,9 +267,9 @@ def read_files(
     if by_file:
         if select is None:
             raise TypeError("read_files(by_file=True) takes aggregates in `select`")
-        uris = list(files) if files is not None else lake.files(name)
-        if not uris or not lake.is_local:  # a dataset's rows do not tell their file
-            return _aggregate_each_file(lake, name, where, params, uris, select)
+        files = list(files) if files is not None else lake.files(name)
+        if not files or not lake.is_local:  # a dataset's rows do not tell their file
+            return _aggregate_each_file(lake, name, where, params, files, select)
     con = connection()
     try:
         files_of = None if files is None else {name: files}
