@@ -93,9 +93,7 @@ def ngram_repetition(col: pa.ChunkedArray | pa.Array, n: int = REPETITION_NGRAM)
         past = past[(past < windows) & (past >= (row_ends - local)[:, None])]
         h[past] = _UNIQUE | past.astype(np.uint64)
         # each run of whole rows sorted alone: equal keys of a row end up side by side
-        runs = [0, windows]
-        if windows > _SORT_BLOCK:
-            runs[1:1] = row_ends[_row_cuts(row_ends, _SORT_BLOCK) - 1]
+        runs = np.concatenate([[0], row_ends[_row_cuts(row_ends, _SORT_BLOCK) - 1], [windows]])
         runs = np.unique(np.minimum(runs, windows)).tolist()
         keys = h.view(np.int64)  # keys stay under 2**63, and numpy sorts int64 10% faster
         for a, b in itertools.pairwise(runs):
