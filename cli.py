@@ -2,31 +2,36 @@
 
 Each stage registers its commands in its own `commands.py` (`register(subparsers)`), which
 imports only argparse-level code and settings models, so `trajlake --help` stays instant. The
-options are generated from the models (`trajlake.schemas.settings.add_settings`).
+options are generated from the models (`trajlake.common.settings.add_settings`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import functools
 import importlib
 import os
 import select
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from trajlake.schemas.errors import TrajlakeError
-from trajlake.schemas.settings import SettingsError, SettingsParser
+from trajlake.common.settings import SettingsError, SettingsParser, env_name
+from trajlake.schemas.errors import CliError, TrajlakeError
+from trajlake.schemas.settings import LakeSettings
 
 COMMAND_MODULES = (
     "trajlake.store.commands",
+    "trajlake.store.s3_commands",
     "trajlake.rollout.commands",
     "trajlake.rollout.engine.commands",
     "trajlake.ingest.commands",
     "trajlake.trainer.commands",
     "trajlake.dashboards.commands",
     "trajlake.demo.commands",
+    "trajlake.deploy.commands",
 )
 
 
@@ -73,8 +78,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
+    from trajlake.ingest import shutdown  # signal handlers only: nothing heavy
+
     try:
-        code = args.handler(args)
+        access = getattr(args, "lake_access", None)  # declared by `uses_lake`
+        if (unless := getattr(args, "lake_unless", None)) and getattr(args, unless, None):
+            access = None
+        if access in ("read", "update"):
+            require_lake(parser, args.lake)
+        if access in ("write", "update"):  # a read-only key is refused here, before anything is written
+            require_safe_store(args.lake)
+        # SIGINT/SIGTERM: what the command holds is flushed or spooled, and said (one mechanism for all)
+        code = shutdown.run(lambda: args.handler(args), f"trajlake {args.command}")
     except TrajlakeError as err:
         print(f"trajlake {args.command}: error: {err}", file=sys.stderr)
         return 2
@@ -82,10 +97,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _stdout_is_closed():  # a socket's, not ours to hide
             raise
         return _drop_stdout()  # `trajlake sql ... | head`: the reader has what it wanted
-    except KeyboardInterrupt:
-        print(f"trajlake {args.command}: interrupted", file=sys.stderr)
-        return 130
     return int(code or 0)
+
+
+def commands(
+    parser: argparse.ArgumentParser, path: str = ""
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """Every command registered under `parser`, as ("import harbor", its parser), depth first."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"{path} {name}".strip(), sub
+                yield from commands(sub, f"{path} {name}")
+
+
+def require_lake(parser: argparse.ArgumentParser, root: str) -> None:
+    """Refuse a reading command's `--lake` that holds no lake (a CliError naming the commands that
+    write one), before the command runs: a mistyped path must not answer "0 rows" or leave a
+    directory behind."""
+    from trajlake.store.errors import LakeNotFound
+    from trajlake.store.lake import Lake
+
+    try:
+        Lake(root, create=False)
+    except LakeNotFound as err:
+        writers = dict.fromkeys(
+            f"`trajlake {name.split()[0]}{' …' if ' ' in name else ''}`"
+            for name, sub in commands(parser)
+            if sub.get_default("lake_access") == "write"
+        )
+        raise CliError(
+            f"{err}; point --lake (or {env_name(LakeSettings, 'lake')}) at an existing lake, or write one there "
+            f"first with {', '.join(writers)}, e.g. `trajlake loadgen --lake {root} --trajectories 200`"
+        ) from None
+
+
+def require_safe_store(root: str) -> None:
+    """Refuse a writing command's object-store lake whose store would let two concurrent commits
+    overwrite each other (`UnsafeStore`), before the command reads or writes anything."""
+    if "://" in root and not root.startswith("file://"):
+        from trajlake.store.put_if_absent import require_safe_store as require
+        from trajlake.store.storage import Storage
+
+        require(Storage(root))
 
 
 def _stdout_is_closed() -> bool:
@@ -138,8 +192,15 @@ def tune_malloc() -> bool:
 
 def run() -> None:
     """Console-script entry: exit with `main`'s code. The process runs without glibc's
-    fastbins (`tune_malloc`): a `trajlake` command may be a sink that runs for days."""
+    fastbins (`tune_malloc`): a `trajlake` command may be a sink that runs for days. `kill -USR1
+    PID` prints every thread's stack to its stderr (where a stuck sink waits); registered here, on
+    the process's own stderr, since a caller of `main` may have replaced sys.stderr with a stream
+    that has no file descriptor (pytest's capture). The dump runs as a Python signal handler, with
+    the interpreter's lock held: faulthandler's own C handler reads the other threads' frames while
+    they run, and a busy sink died of it (SIGSEGV, seen in a full test run)."""
     tune_malloc()
+    stderr = sys.__stderr__
+    signal.signal(signal.SIGUSR1, lambda *_: faulthandler.dump_traceback(stderr, all_threads=True))
     code = main()
     try:
         sys.stdout.flush()

@@ -14,17 +14,14 @@ overlays the 5 runs; every other page reads the first. For every page it measure
 Each cold figure (queries, render) is the median of --repeat measurements (3). Goal: every page
 under 2 s.
 
-    python bench/dashboard.py [--quick] [--json PATH] [--lake DIR] [--repeat N]
+    python bench/dashboard.py [--quick] [--json PATH] [--check] [--lake DIR] [--repeat N]
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import json
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +29,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+from harness import Bench, run
 
 from trajlake.dashboards import compare as c
 from trajlake.dashboards import metrics as m
@@ -42,6 +40,7 @@ from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.schemas.tables import TRAINER_STEPS_SCHEMA
 from trajlake.store.health import diagnose_health
 from trajlake.store.lake import Lake
+from trajlake.store.reads import tune
 
 RUN = "bench-dashboard"
 RUNS = [RUN, *(f"{RUN}-{i}" for i in range(2, 6))]
@@ -180,7 +179,7 @@ def medians(runs: list[tuple[float, float]]) -> tuple[float, float]:
 def time_scan(lake: Lake, tables: list[str]) -> float:
     """A plain DuckDB scan: max of every non-list column of each table, fresh connection."""
     con = duckdb.connect()
-    con.execute("set threads to 2")
+    tune(con)  # as the lake's query engine
     t0 = time.perf_counter()
     for name in tables:
         files = lake.files(name)
@@ -229,25 +228,22 @@ def time_render(root: Path, page: str, run: str = RUN, runs: list[str] = RUNS) -
     return elapsed, time.perf_counter() - t0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("streamlit").setLevel(logging.ERROR)  # AppTest outside a server warns on every run
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="3,000 trajectories (~90k turns) per run instead of 100k (~3M)"
-    )
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    bench = Bench("dashboard", __doc__, ratios={"ratio": "lower"})
+    parser = bench.parser  # --quick: 3,000 trajectories (~90k turns) per run instead of 100k (~3M)
     parser.add_argument(
         "--lake", type=Path, help="build the lake here, or reuse it if it already holds the run"
     )
     parser.add_argument(
         "--repeat", type=int, default=3, help="cold measurements per page; the median is reported"
     )
-    args = parser.parse_args()
+    args = bench.parse(argv)
     trajectories, turns = (3_000, 30) if args.quick else (100_000, 30)
 
-    with tempfile.TemporaryDirectory(prefix="trajlake-bench-") as tmp:
+    with bench.scratch() as tmp:
         root = args.lake or Path(tmp) / "lake"
         lake = Lake(root)
         built = set(m.runs(lake)) if lake.exists("trajectories") else set()
@@ -282,13 +278,11 @@ def main() -> None:
             print(f"{page:<10} {cold:>8.3f}s {again:>7.3f}s {scan:>7.3f}s {cold / scan:>7.2f} "
                   + (f"{render:>7.3f}s {rerun:>7.3f}s" if render is not None else f"{'-':>8} {'-':>8}"))  # fmt: skip
         worst = max(max(p["queries_s"], p["render_s"] or 0) for p in pages.values())
-        print(f"slowest page: {worst:.2f} s (goal < {GOAL_S} s): {'met' if worst < GOAL_S else 'NOT met'}")
+        report = f"slowest page: {worst:.2f} s (goal < {GOAL_S} s): {'met' if worst < GOAL_S else 'NOT met'}"
         figures = {"quick": args.quick, "repeat": args.repeat, "rows": sizes, "pages": pages, "slowest_page_s": worst, "goal_s": GOAL_S,
                    "ratio": statistics.median(p["ratio"] for p in pages.values() if p["ratio"])}  # fmt: skip
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(figures, indent=2))
+    return bench.finish(args, figures, report)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

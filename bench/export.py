@@ -1,6 +1,6 @@
 """`trajlake export` throughput vs a plain DuckDB `COPY … TO parquet` of the same rows.
 
-    python bench/export.py [--quick] [--json PATH]
+    python bench/export.py [--quick] [--json PATH] [--check]
 
 Records a synthetic run (loadgen) into a temporary lake, then measures side by side:
   - export: `trajlake.store.export.export` of `select run_id, trajectory_id, reward, n_turns
@@ -13,15 +13,12 @@ and reports ratio = export / plain (goal: >= 0.5).
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import os
-import shutil
 import statistics
-import sys
-import tempfile
 import time
+
+from harness import Bench, run
 
 QUERY = "select run_id, trajectory_id, reward, n_turns from trajectories where status = 'completed'"
 PLAIN = (
@@ -72,11 +69,12 @@ def run_plain(root: str, path: str) -> tuple[float, int, int]:
     import pyarrow.parquet as pq
 
     from trajlake.store.lake import TABLES, Lake
-    from trajlake.store.sql import TRAJECTORY_TOKENS_SQL, TURN_TOKENS_SQL, VIEWS, register_tables
+    from trajlake.store.reads import register_tables, tune
+    from trajlake.store.sql import TRAJECTORY_TOKENS_SQL, TURN_TOKENS_SQL, VIEWS
 
     lake = Lake(root)
     con = duckdb.connect()
-    con.execute("set threads to 2")  # as the lake's query engine
+    tune(con)  # as the lake's query engine
     register_tables(con, lake, TABLES)
     con.execute("create view _trajectory_tokens as " + TRAJECTORY_TOKENS_SQL)
     con.execute("create view _turn_tokens as " + TURN_TOKENS_SQL)
@@ -93,26 +91,24 @@ def run_plain(root: str, path: str) -> tuple[float, int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small run (under a minute)")
-    parser.add_argument("--json", metavar="PATH", help="write the figures here")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (median reported)")
-    args = parser.parse_args(argv)
+    bench = Bench("export", __doc__, ratios={"ratio": "higher"})
+    bench.parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (median reported)")
+    args = bench.parse(argv)
     n = 512 if args.quick else 4096
     repeats = args.repeats or (1 if args.quick else 3)
 
-    work = tempfile.mkdtemp(prefix="trajlake-bench-export-")
-    root = os.path.join(work, "lake")
-    counts = build_lake(root, n)
-    run_plain(root, os.path.join(work, "warm.parquet"))  # warm the OS cache and DuckDB's first-use costs
-    export_tps, plain_tps = [], []
-    rows = tokens = 0
-    for r in range(repeats):
-        seconds, rows, tokens = run_export(root, os.path.join(work, f"export-{r}"))
-        plain_s, plain_rows, plain_tokens = run_plain(root, os.path.join(work, f"plain-{r}.parquet"))
-        assert (plain_rows, plain_tokens) == (rows, tokens), (plain_rows, plain_tokens, rows, tokens)
-        export_tps.append(tokens / seconds)
-        plain_tps.append(plain_tokens / plain_s)
+    with bench.scratch() as work:
+        root = os.path.join(work, "lake")
+        counts = build_lake(root, n)
+        run_plain(root, os.path.join(work, "warm.parquet"))  # warm the OS cache and DuckDB's first-use costs
+        export_tps, plain_tps = [], []
+        rows = tokens = 0
+        for r in range(repeats):
+            seconds, rows, tokens = run_export(root, os.path.join(work, f"export-{r}"))
+            plain_s, plain_rows, plain_tokens = run_plain(root, os.path.join(work, f"plain-{r}.parquet"))
+            assert (plain_rows, plain_tokens) == (rows, tokens), (plain_rows, plain_tokens, rows, tokens)
+            export_tps.append(tokens / seconds)
+            plain_tps.append(plain_tokens / plain_s)
     result = {
         "quick": args.quick,
         "trajectories_in_run": counts["trajectories"],
@@ -124,20 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     result["ratio"] = result["export_tokens_per_s"] / result["plain_duckdb_copy_tokens_per_s"]
     result["goal_ratio"] = 0.5
-    print(
+    return bench.finish(
+        args,
+        result,
         f"trajlake export:     {result['export_tokens_per_s']:,.0f} tokens/s to Parquet\n"
         f"plain DuckDB COPY:   {result['plain_duckdb_copy_tokens_per_s']:,.0f} tokens/s (same rows, same columns)\n"
         f"ratio export/plain:  {result['ratio']:.2f} (goal >= 0.5)\n"
-        f"{rows:,} trajectories, {tokens:,} tokens, of {counts['trajectories']} in the run"
+        f"{rows:,} trajectories, {tokens:,} tokens, of {counts['trajectories']} in the run",
     )
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)
+    run(main)

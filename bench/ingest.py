@@ -16,20 +16,19 @@ Figures (all on the same synthetic workload, generated once):
 Ratios: pipeline / raw throughput (best runs), and exactly-once overhead = 1 - off / on
 (medians). Each pipeline run also reports the CPU seconds of the sink, the producer and
 (when the bench started it) the broker: on a small machine their sum over the cores is a
-floor under the wall time that no sink change can beat.
+floor under the wall time that no sink change can beat. `--check` guards the two figures that
+hold across machines and load: the sink's CPU per GB against the raw write's, and the topic's
+bytes per token against the lake's (a quick run's wall-time ratios swing with whatever else the
+machine runs).
 
-    python bench/ingest.py --quick --json bench-ingest.json
+    python bench/ingest.py [--quick] [--json PATH] [--check]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import os
 import resource
-import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -40,12 +39,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from harness import Bench, run
 
 from trajlake.cli import tune_malloc
+from trajlake.common.procs import cpu_seconds
 from trajlake.ingest import codec
 from trajlake.ingest.bus.base import Message, Packing
 from trajlake.ingest.bus.inprocess import InProcessBus
-from trajlake.ingest.bus.kafka import KafkaBus, create_topic, kafka_partition_of
+from trajlake.ingest.bus.kafka_admin import create_topic
+from trajlake.ingest.bus.kafka_client import kafka_partition_of
+from trajlake.ingest.bus.kafka_publisher import KafkaPublisher
+from trajlake.ingest.bus.kafka_subscriber import KafkaSubscriber
 from trajlake.ingest.config import KafkaConfig
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
@@ -63,7 +67,7 @@ VARIANTS = {
 
 
 class _KafkaShaped(InProcessBus):
-    """Collects messages as a `KafkaBus` on a topic of the default partition count sends them:
+    """Collects messages as a `KafkaPublisher` on a topic of the default partition count sends them:
     packed per partition up to `pack_bytes` (0: one trajectory per message)."""
 
     def __init__(self, pack_bytes: int) -> None:
@@ -103,7 +107,7 @@ def raw_parquet(events: pa.Table, workdir: Path) -> tuple[float, float]:
     """Seconds and CPU seconds to write `events` as one Parquet file with the lake's layout
     options, no pipeline."""
     lake = Lake(workdir / "raw-options")
-    options = lake._parquet_options(events.schema)
+    options = lake.writer.parquet_options(events.schema)
     start, cpu = time.perf_counter(), cpu_now()
     pq.write_table(events, workdir / "raw.parquet", **options)
     return time.perf_counter() - start, cpu_now() - cpu
@@ -163,22 +167,11 @@ def commit_cost(events: pa.Table, workdir: Path, batches: int) -> dict[str, floa
 def _produce(config: KafkaConfig, start_at: float, report: Any) -> None:
     while time.time() < start_at:
         time.sleep(0.001)
-    bus = KafkaBus(config)
+    bus = KafkaPublisher(config)
     for message in _MESSAGES:
         bus.send(Message(message.key, message.value, dict(message.headers)))
     bus.close()
     report.put((time.time() - start_at, time.process_time()))  # a forked child's CPU clock starts at 0
-
-
-def _cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of process `pid` so far (Linux), None when unknown."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -214,7 +207,7 @@ def pipeline(
     )
     create_topic(config)
     lake = Lake(workdir / name)
-    bus = KafkaBus(config)
+    bus = KafkaSubscriber(config)
     sink = DeltaSink(lake, bus, SinkConfig(exactly_once=exactly_once, update_projections=False))
     while not bus.assigned_partitions():  # join the group before the clock starts
         sink.poll_once()
@@ -230,7 +223,7 @@ def pipeline(
         start_at = time.time()
     # the producer and broker are other processes: this process's CPU is the sink's (the consumer's
     # network thread included) and, with `backlog`, only the sink's
-    sink_cpu, broker_cpu = cpu_now(), _cpu_seconds(broker_pid)
+    sink_cpu, broker_cpu = cpu_now(), cpu_seconds(broker_pid)
     while sink.stats.events < total:
         sink.poll_once()
         if sink.should_flush():
@@ -238,7 +231,7 @@ def pipeline(
     sink.flush()
     end = sink.stats.last_commit_at or time.time()
     sink_cpu = cpu_now() - sink_cpu
-    broker_end = _cpu_seconds(broker_pid)
+    broker_end = cpu_seconds(broker_pid)
     if not backlog:
         producer_s, producer_cpu = report.get(timeout=60)
     producer.join()
@@ -257,7 +250,7 @@ def pipeline(
 
 
 def _trickle(config: KafkaConfig, n: int, rate: float) -> None:
-    bus = KafkaBus(config)
+    bus = KafkaPublisher(config)
     for i in range(n):
         tid = str(uuid.uuid4())
         bus.publish(
@@ -273,7 +266,7 @@ def _trickle(config: KafkaConfig, n: int, rate: float) -> None:
                 )
             ]
         )
-        bus._producer.flush() if bus._producer is not None else None
+        bus.flush()
         time.sleep(1.0 / rate)
     bus.close()
 
@@ -284,7 +277,7 @@ def freshness(bootstrap: str, workdir: Path, n: int, rate: float) -> list[float]
     config = KafkaConfig(bootstrap=bootstrap, topic=name, group_id=name, spool_dir=workdir / "spool")
     create_topic(config)
     lake = Lake(workdir / name)
-    bus = KafkaBus(config)
+    bus = KafkaSubscriber(config)
     sink = DeltaSink(lake, bus, SinkConfig())  # defaults: flush every 1 s, projections on
     while not bus.assigned_partitions():
         sink.poll_once()
@@ -308,11 +301,10 @@ def freshness(bootstrap: str, workdir: Path, n: int, rate: float) -> list[float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    bench = Bench(
+        "ingest", __doc__, ratios={"sink_cpu_per_gb_vs_raw": "lower", "wire_vs_lake_bytes": "lower"}
     )
-    parser.add_argument("--quick", action="store_true", help="a small workload (under a minute)")
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser = bench.parser
     parser.add_argument("--trajectories", type=int, help="workload size (default 300 quick, 2000 full)")
     parser.add_argument(
         "--repeats",
@@ -333,12 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         help="trajectories of one partition share a message up to this size, 0: one per message "
         "(default: the KafkaConfig default)",
     )
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
     trajectories = args.trajectories or (300 if args.quick else 2000)
     args.repeats = args.repeats or (1 if args.quick else 5)
 
     global _MESSAGES
-    # the same trajectories (one seed) as KafkaBus sends them with these settings, and one per message
+    # the same trajectories (one seed) as KafkaPublisher sends them with these settings, and one per message
     _MESSAGES, events, tokens = workload(trajectories, args.pack_bytes)
     single, single_events, _ = workload(trajectories)
     assert single_events.num_rows == events.num_rows
@@ -350,16 +342,16 @@ def main(argv: list[str] | None = None) -> int:
         f"({len(single)} one trajectory each), {wire_mb:.1f} MB on the wire before compression"
     )
 
-    from trajlake.ingest.broker import BrokerConfig, free_port, read_pid, start_broker, stop_broker
+    from trajlake.ingest.broker import BrokerConfig, free_port, node_pids, start_broker, stop_broker
 
-    with tempfile.TemporaryDirectory(prefix="trajlake-bench-") as tmp:
+    with bench.scratch() as tmp:
         workdir = Path(tmp)
         bootstrap = os.environ.get("TRAJLAKE_KAFKA_BOOTSTRAP")
         broker_dir = None
         if not bootstrap:
             broker_dir = workdir / "broker"
             bootstrap = start_broker(BrokerConfig(port=free_port(), data_dir=broker_dir))
-        broker_pid = read_pid(broker_dir) if broker_dir is not None else None
+        broker_pid = node_pids(broker_dir).get(1) if broker_dir is not None else None
         try:
             # best of `repeats`: single runs on a shared 2-core machine vary by tens of percent
             # at least 5: a quick run's raw write takes a fraction of a CPU second, noisy alone
@@ -475,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         "wire_bytes_per_token": round(drained.topic_bytes / tokens, 3),
         "lake_bytes_per_token": round(drained.lake_bytes / tokens, 3),
         "sink_cpu_per_gb_vs_raw": round(sink_cpu_per_gb / raw_cpu_per_gb, 3),
+        "wire_vs_lake_bytes": round(drained.topic_bytes / drained.lake_bytes, 3),
         "efficiency": efficiency,
         "variants": {
             c: {
@@ -496,35 +489,31 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_bound_s": round(sum(cpu.values()) / (os.cpu_count() or 1), 3),
         },
         "cpu_count": os.cpu_count(),
+        "quick": args.quick,
     }
-    print(json.dumps(result, indent=2))
-    print(
+    lines = [
         f"pipeline {result['pipeline_exactly_once']['events_per_s']:.0f} events/s = {result['ratio']:.2f} x raw Parquet; "
         f"exactly-once overhead {result['exactly_once_overhead']:.1%} end to end, "
         f"{per_commit['overhead']:.1%} per batch commit; "
         f"freshness p50 {result['freshness_s']['p50']} s, p95 {result['freshness_s']['p95']} s; "
         f"CPU s {cpu} over {os.cpu_count()} cores; "
         f"draining a backlog: {result['backlog_drain']['events_per_s']:.0f} events/s = "
-        f"{result['backlog_drain']['ratio']:.2f} x raw Parquet"
-    )
-    print(
+        f"{result['backlog_drain']['ratio']:.2f} x raw Parquet",
         f"wire {result['wire_bytes_per_token']:.2f} B/token on the topic "
         f"({efficiency['uncompressed_bytes_per_token']:.2f} before compression) vs lake {result['lake_bytes_per_token']:.2f} B/token "
         f"= {result['wire_bytes_per_token'] / result['lake_bytes_per_token']:.2f} x; "
         f"sink CPU {sink_cpu_per_gb:.1f} s/GB vs raw Parquet {raw_cpu_per_gb:.1f} s/GB = "
-        f"{result['sink_cpu_per_gb_vs_raw']:.2f} x"
-    )
+        f"{result['sink_cpu_per_gb_vs_raw']:.2f} x",
+    ]
     for c, f in result["variants"].items():
-        print(
+        lines.append(
             f"  {c}: wire {f['wire_bytes_per_token']:.2f} B/token, sink CPU {f['sink_cpu_s_per_gb']:.1f} s/GB "
             f"({f['sink_cpu_per_gb_vs_raw']:.2f} x raw), producer CPU {f['producer_cpu_s_per_gb']:.1f} s/GB, "
             f"drain {f['drain_events_per_s']:.0f} events/s"
         )
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
+    return bench.finish(args, result, "\n".join(lines))
 
 
 if __name__ == "__main__":
     tune_malloc()  # the sink runs as in a `trajlake` process
-    sys.exit(main())
+    run(main)

@@ -1,6 +1,6 @@
 """Sampler throughput vs a plain DuckDB read of the same rows.
 
-    python bench/sampler.py [--quick] [--json PATH]
+    python bench/sampler.py [--quick] [--json PATH] [--check]
 
 Records a synthetic run (loadgen) into a temporary lake, then measures side by side:
   - sampler: `Sampler.next_batch` (select fresh groups, lease them in the SQLite catalog,
@@ -14,14 +14,11 @@ tokens through the `trajectories` view instead of `events` (`sampler_view`).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import statistics
-import sys
-import tempfile
 import time
+
+from harness import Bench, run
 
 
 def build_lake(root: str, trajectories: int) -> dict[str, int]:
@@ -96,29 +93,27 @@ def run_plain(root: str, batches: list[list[str]]) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small run (under a minute)")
-    parser.add_argument("--json", metavar="PATH", help="write the figures here")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (median reported)")
-    args = parser.parse_args(argv)
+    bench = Bench("sampler", __doc__, ratios={"ratio": "higher"})
+    bench.parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (median reported)")
+    args = bench.parse(argv)
     n = 192 if args.quick else 1024
     repeats = args.repeats or (1 if args.quick else 3)
 
-    work = tempfile.mkdtemp(prefix="trajlake-bench-sampler-")
-    root = os.path.join(work, "lake")
-    counts = build_lake(root, n)
-    run_plain(root, [[]])  # warm the OS cache and DuckDB's first-use costs
-    sampler_tps, view_tps, plain_tps = [], [], []
-    handed = 0
-    for r in range(repeats):
-        seconds, batches, tokens = run_sampler(root, "events", os.path.join(work, f"catalog-{r}.db"))
-        plain_s, plain_tokens = run_plain(root, batches)
-        view_s, _, view_tokens = run_sampler(root, "view", os.path.join(work, f"catalog-view-{r}.db"))
-        assert plain_tokens == tokens == view_tokens, (plain_tokens, tokens, view_tokens)
-        sampler_tps.append(tokens / seconds)
-        plain_tps.append(plain_tokens / plain_s)
-        view_tps.append(view_tokens / view_s)
-        handed = tokens
+    with bench.scratch() as work:
+        root = os.path.join(work, "lake")
+        counts = build_lake(root, n)
+        run_plain(root, [[]])  # warm the OS cache and DuckDB's first-use costs
+        sampler_tps, view_tps, plain_tps = [], [], []
+        handed = 0
+        for r in range(repeats):
+            seconds, batches, tokens = run_sampler(root, "events", os.path.join(work, f"catalog-{r}.db"))
+            plain_s, plain_tokens = run_plain(root, batches)
+            view_s, _, view_tokens = run_sampler(root, "view", os.path.join(work, f"catalog-view-{r}.db"))
+            assert plain_tokens == tokens == view_tokens, (plain_tokens, tokens, view_tokens)
+            sampler_tps.append(tokens / seconds)
+            plain_tps.append(plain_tokens / plain_s)
+            view_tps.append(view_tokens / view_s)
+            handed = tokens
     result = {
         "quick": args.quick,
         "trajectories_in_run": counts["trajectories"],
@@ -132,21 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     result["ratio"] = result["sampler_tokens_per_s"] / result["plain_duckdb_tokens_per_s"]
     result["ratio_view_reader"] = result["sampler_view_tokens_per_s"] / result["plain_duckdb_tokens_per_s"]
     result["goal_ratio"] = 0.5
-    print(
+    return bench.finish(
+        args,
+        result,
         f"sampler (events reader): {result['sampler_tokens_per_s']:,.0f} tokens/s into packed micro-batches\n"
         f"sampler (view reader):   {result['sampler_view_tokens_per_s']:,.0f} tokens/s\n"
         f"plain DuckDB read:       {result['plain_duckdb_tokens_per_s']:,.0f} tokens/s (same rows, into Arrow)\n"
         f"ratio sampler/plain:     {result['ratio']:.2f} (goal >= 0.5); view reader {result['ratio_view_reader']:.2f}\n"
-        f"{result['tokens_handed_out']:,} tokens in {result['batches']} batches from {n} trajectories"
+        f"{result['tokens_handed_out']:,} tokens in {result['batches']} batches from {n} trajectories",
     )
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)
+    run(main)

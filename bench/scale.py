@@ -15,6 +15,8 @@ version every ~2M tokens, as a trainer's versions advance). At each size it meas
   sql_<name>_s            five aggregates users run; slowest_sql_s is the largest
   page_<name>_s           every dashboard page rendered by Streamlit's AppTest, caches cleared;
                           slowest_page_s is the largest; metrics_s is `trajlake metrics --format json`
+  search_tokens_s         `trajlake search --tokens` (a two-token subsequence) over the run's output
+                          tokens; search_tokens_per_s the tokens it read a second
   sampler_batch_s         a batch of 32 groups of 8 (up to 256 trajectories; staleness filter) leased in
                           a SQLite catalog, the first of a new sampler on a fresh Lake (the median of
                           3 such samplers: one alone grew 0.98-1.94x over seven runs), as a trainer
@@ -81,7 +83,7 @@ FULL_SIZES = [1e7, 1e8, 1e9]
 QUICK_SIZES = [5e6, 5e7, 5e8]
 REPORTED = ("point_lookup_warm_s", "point_lookup_cold_s", "catch_up_s", "sampler_batch_s",
             "sampler_empty_catalog_s", "sampler_next_batch_s", "slowest_page_s", "slowest_sql_s",
-            "peak_rss_mb", "lake_bytes_per_token")  # fmt: skip
+            "peak_rss_mb", "lake_bytes_per_token", "search_tokens_s")  # fmt: skip
 
 SQL = {
     "reward_by_version": "select policy_version_max as version, avg(reward) as reward, count(*) as n "
@@ -277,6 +279,20 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def search_figures(root: Path) -> tuple[float, float]:
+    """`trajlake search --tokens` over the run's output tokens (a two-token subsequence, on a fresh
+    Lake): its seconds and the output tokens it read per second (what `search.SCAN_RATE` assumes)."""
+    from trajlake.store.lake import Lake
+    from trajlake.store.search import SearchQuery, search
+
+    lake = Lake(root)
+    try:
+        result = search(lake, SearchQuery(RUN, tokens=(7, 11)))
+    finally:
+        lake.close()
+    return result.seconds, result.tokens_read / result.seconds
+
+
 PHASES = ("ingest", "read", "rebuild", "compact")
 """The step's parts, each in a process of its own, as a deployment runs them (the sink; readers:
 lookups, SQL, dashboards, metrics, the sampler; `trajlake rebuild`; `trajlake compact`)."""
@@ -326,6 +342,7 @@ def step(
             fig[f"page_{page}_s"] = seconds
         fig["slowest_page_s"] = max(v for k, v in fig.items() if k.startswith("page_"))
         fig["metrics_s"] = metrics_seconds(root)
+        fig["search_tokens_s"], fig["search_tokens_per_s"] = search_figures(root)
         (
             fig["sampler_empty_catalog_s"], fig["sampler_batch_s"], fig["lease_round_trip_s"], fig["sampler_next_batch_s"]
         ) = sampler_figures(root, workdir, known["latest"])  # fmt: skip

@@ -9,21 +9,20 @@ Measures, for one synthetic run (default 2,000 trajectories x ~8K tokens):
   * the same run as JSONL (one record per trajectory, as verl/SkyRL/AReaL dump rollouts):
     its size, and one aggregate computed from it next to the same aggregate in DuckDB.
 
-    python bench/store_write.py [--quick] [--json PATH]
+    python bench/store_write.py [--quick] [--json PATH] [--check]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from harness import Bench, run
 
 from trajlake.cli import tune_malloc
 from trajlake.ingest import codec
@@ -86,13 +85,13 @@ def jsonl_records(events: pa.Table) -> list[dict]:
     return list(by_traj.values())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="200 trajectories instead of 2,000")
-    parser.add_argument("--trajectories", type=int, default=None)
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
-    parser.add_argument("--repeats", type=int, default=3, help="timings are the best of this many runs")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    bench = Bench(
+        "store_write", __doc__, ratios={"lake_vs_raw_zstd_bytes": "lower", "jsonl_over_lake_size": "higher"}
+    )
+    bench.parser.add_argument("--trajectories", type=int, default=None, help="200 quick, 2,000 full")
+    bench.parser.add_argument("--repeats", type=int, default=3, help="timings are the best of this many runs")
+    args = bench.parse(argv)
     n = args.trajectories or (200 if args.quick else 2000)
     config = LoadgenConfig(
         trajectories=n,
@@ -116,7 +115,7 @@ def main() -> None:
         f"{len(messages)} messages"
     )
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with bench.scratch() as tmp:
         root = Path(tmp)
         # raw Parquet on the same Arrow data; every timing is the best of `repeats` runs,
         # since on a shared 2-core machine single runs vary by +-30%
@@ -140,7 +139,7 @@ def main() -> None:
             inline = Lake(root / f"inline-{i}")
             inline_s = min(inline_s, sink_into(inline, messages, update_projections=True))
             inline.close()
-            shutil.rmtree(root / f"inline-{i}")
+            shutil.rmtree(root / f"inline-{i}", ignore_errors=True)  # its projector may still be letting go
             if i < args.repeats - 1:
                 lake.close()
                 shutil.rmtree(root / f"lake-{i}")
@@ -182,6 +181,7 @@ def main() -> None:
 
     tokens = counts.tokens
     figures = {
+        "quick": args.quick,
         "trajectories": counts.trajectories,
         "events": counts.events,
         "tokens": tokens,
@@ -202,6 +202,7 @@ def main() -> None:
         "lake_bytes": lake_bytes,
         "lake_bytes_per_token": lake_bytes / tokens,
         "raw_parquet_bytes_per_token": raw_bytes / tokens,
+        "lake_vs_raw_zstd_bytes": lake_bytes / raw_zstd_bytes,  # every table against the events alone
         "jsonl_bytes": jsonl_bytes,
         "jsonl_bytes_per_token": jsonl_bytes / tokens,
         "jsonl_over_lake_size": jsonl_bytes / lake_bytes,
@@ -210,37 +211,36 @@ def main() -> None:
         "duckdb_query_s": duck_query_s,
         "query_speedup": jsonl_query_s / duck_query_s,
     }
-    print(
+    lines: list[str] = []
+    lines.append(
         f"store write:      {figures['store_tokens_per_s']:>14,.0f} tokens/s ({store_s:.2f} s, "
         f"{figures['store_mb_per_s']:.0f} MB/s of Arrow)"
     )
-    print(
+    lines.append(
         f"+ projections:    {figures['store_with_projections_tokens_per_s']:>14,.0f} tokens/s "
         f"(catch-up {project_s:.2f} s; ratio {figures['ratio_with_projections']:.2f})"
     )
-    print(
+    lines.append(
         f"sink projecting:  {tokens / inline_s:>14,.0f} tokens/s ({inline_s:.2f} s, the default: each batch "
         f"projected from the rows it wrote; ratio {figures['ratio_sink_with_projections']:.2f})"
     )
-    print(f"raw parquet:      {figures['raw_parquet_tokens_per_s']:>14,.0f} tokens/s ({raw_s:.2f} s)")
-    print(f"raw parquet zstd: {tokens / raw_zstd_s:>14,.0f} tokens/s ({raw_zstd_s:.2f} s)")
-    print(
+    lines.append(f"raw parquet:      {figures['raw_parquet_tokens_per_s']:>14,.0f} tokens/s ({raw_s:.2f} s)")
+    lines.append(f"raw parquet zstd: {tokens / raw_zstd_s:>14,.0f} tokens/s ({raw_zstd_s:.2f} s)")
+    lines.append(
         f"ratio store/raw:  {figures['ratio']:.2f} vs defaults, {figures['ratio_vs_zstd']:.2f} vs zstd  (goal >= 0.8)"
     )
-    print(
+    lines.append(
         f"lake bytes/token: {figures['lake_bytes_per_token']:.2f}  (all tables; raw parquet "
         f"{figures['raw_parquet_bytes_per_token']:.2f}, zstd {figures['raw_parquet_zstd_bytes_per_token']:.2f}; goal <= 6)"
     )
-    print(
+    lines.append(
         f"JSONL:            {jsonl_bytes / 1e6:.1f} MB = {figures['jsonl_over_lake_size']:.1f}x the lake (goal >= 4)"
     )
-    print(
+    lines.append(
         f"aggregate:        JSONL {jsonl_query_s * 1000:.0f} ms vs DuckDB on the lake {duck_query_s * 1000:.1f} ms "
         f"= {figures['query_speedup']:.0f}x (goal >= 20)"
     )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2))
+    return bench.finish(args, figures, "\n".join(lines))
 
 
 def codec_message(m):  # a fresh copy without its old position
@@ -252,4 +252,4 @@ def codec_message(m):  # a fresh copy without its old position
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONHASHSEED", "0")
     tune_malloc()  # the lake is written as in a `trajlake` process
-    main()
+    run(main)

@@ -29,6 +29,7 @@ from trajlake.dashboards.views import (
     health,
     latency,
     overview,
+    rescore,
     sql_console,
 )
 from trajlake.dashboards.views.common import PageContext, lake_state, open_lake, read_metric
@@ -42,6 +43,7 @@ PAGES = {
     "compare": ("Compare runs", compare.render),
     "latency": ("Latency & lengths", latency.render),
     "health": ("Health signals", health.render),
+    "rescore": ("Re-scoring", rescore.render),
     "browser": ("Trajectory browser", browser.render),
     "sql": ("SQL console", sql_console.render),
 }
@@ -153,7 +155,9 @@ def main() -> None:
         "Refresh", help="Reread the lake now (every rerun reads the commits made since the last)"
     )
     st.sidebar.caption(f"Lake: `{root}`")
-    ctx = PageContext(root, run_id, versions, float(threshold), settings.tokenizer or None)
+    ctx = PageContext(
+        root, run_id, versions, float(threshold), settings.tokenizer or None, settings.min_tasks
+    )
     sidebar = sidebar_lists(root, state, run_id)
     st.fragment(show_page, run_every=live_s)(PAGES[page][1], ctx, live_s, sidebar)
 

@@ -114,6 +114,17 @@ def trajectory_advantage(lake: Any, run_id: str, trajectory_id: str) -> dict[str
     return table.to_pylist()[0] if table.num_rows else None
 
 
+def trajectory_token_values(lake: Any, run_id: str, trajectory_id: str) -> pa.Table:
+    """The per-token values the trainer kept for one trajectory (`trainer_tokens`), per step and turn."""
+    return query(
+        lake,
+        """SELECT step, turn_index, policy_loss, trainer_logprobs, entropies, ratios, clipped, masked
+            FROM trainer_tokens WHERE run_id = $run AND trajectory_id = $traj ORDER BY step, turn_index""",
+        run=run_id,
+        traj=trajectory_id,
+    )
+
+
 def trajectory_tool_calls(lake: Any, run_id: str, trajectory_id: str) -> pa.Table:
     """The tool calls of one trajectory in order, with their outcome."""
     return query(
@@ -123,4 +134,27 @@ def trajectory_tool_calls(lake: Any, run_id: str, trajectory_id: str) -> pa.Tabl
             FROM {TOOL_CALLS} WHERE run_id = $run AND trajectory_id = $traj ORDER BY call_seq""",
         run=run_id,
         traj=trajectory_id,
+    )
+
+
+def trajectory_labels(lake: Any, run_id: str, trajectory_id: str) -> pa.Table:
+    """The labels in force on one trajectory and its turns (`current_labels`), oldest first."""
+    return query(
+        lake,
+        """SELECT key, value, turn_index, author, created_at FROM current_labels
+            WHERE run_id = $run AND trajectory_id = $traj ORDER BY created_at, key""",
+        run=run_id,
+        traj=trajectory_id,
+    )
+
+
+def labels_by_outcome(lake: Any, run_id: str) -> pa.Table:
+    """Per label key in force on the run and outcome (ok, model or system failure): the trajectories it marks."""
+    return query(
+        lake,
+        f"""SELECT l.key AS label, coalesce(t.failure_origin, 'ok') AS origin,
+                   count(DISTINCT l.trajectory_id) AS n_trajectories
+            FROM current_labels l JOIN {TRAJECTORIES} t USING (run_id, trajectory_id)
+            WHERE l.run_id = $run GROUP BY ALL ORDER BY n_trajectories DESC, label, origin""",
+        run=run_id,
     )

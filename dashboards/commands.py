@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trajlake.common.settings import add_settings, env_name
 from trajlake.dashboards.config import AppSettings, CompareSettings, ServeSettings, ThresholdSettings
+from trajlake.dashboards.passk import curve_text
 from trajlake.schemas.errors import CliError
-from trajlake.schemas.settings import FormatSettings, LakeSettings, RunSettings, add_settings, env_name
+from trajlake.schemas.settings import FormatSettings, LakeSettings, RunSettings, uses_lake
 
 APP = Path(__file__).with_name("app.py")
 TABLE_COLUMNS = (
@@ -21,6 +23,7 @@ TABLE_COLUMNS = (
     "n_trajectories",
     "n_scored",
     "reward_mean",
+    "n_tasks",
     "pass_at_1",
     "rollout_entropy",
     "turns_per_trajectory",
@@ -43,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_settings(p, AppSettings)
     add_settings(p, ServeSettings)
+    uses_lake(p, "read")
     p.set_defaults(handler=run_dashboard)
 
     p = subparsers.add_parser(
@@ -53,15 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings(p, CompareSettings)
     add_settings(p, FormatSettings)
     add_settings(p, ThresholdSettings)
+    uses_lake(p, "read")
     p.set_defaults(handler=run_metrics)
-
-
-def _check_lake(root: str) -> None:
-    if "://" not in root and not (Path(root) / "trajectories").is_dir():
-        raise CliError(
-            f"no lake with trajectories at {root}; pass --lake (or TRAJLAKE_LAKE), "
-            f"or fill one with `trajlake loadgen --lake {root} --trajectories 200`"
-        )
 
 
 def streamlit_command(args: argparse.Namespace) -> list[str]:
@@ -81,7 +78,6 @@ def streamlit_command(args: argparse.Namespace) -> list[str]:
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    _check_lake(args.lake)
     app: AppSettings = args.AppSettings
     if app.tokenizer:
         from trajlake.store.tokenizer import TokenizerNotFound, find_decoder
@@ -143,24 +139,22 @@ def run_metrics(args: argparse.Namespace) -> int:
     from trajlake.dashboards import metrics
     from trajlake.store.lake import Lake
 
-    _check_lake(args.lake)
     lake = Lake(args.lake)
     check_runs(args.run_id, args.CompareSettings, metrics.runs(lake), args.lake)
     if args.run_ids:
         return print_comparison(lake, args)
-    report = metrics.metrics_report(lake, args.run_id, args.success_threshold)
+    report = metrics.metrics_report(lake, args.run_id, args.success_threshold, args.min_tasks)
     if args.format == "json":  # the whole report: the table's rows and pass@k
         print(json.dumps(report, indent=2, default=str))
         return 0
-    from trajlake.schemas.terminal import write_table
+    from trajlake.common.terminal import write_table
 
     rows = [[v.get(c) for c in TABLE_COLUMNS] for v in report["versions"]]
     write_table(TABLE_COLUMNS, rows, sys.stdout, args.format, max_width=args.max_width, float_format=".4f")
     if args.format == "table":
         if report["zero_signal_groups"]:
             print(zero_signal_line(report["zero_signal_groups"]))
-        passk = "  ".join(f"pass@{k}={v:.4f}" for k, v in report["pass_at_k"].items())
-        print(f"run {report['run_id']}: {passk or 'no scored trajectories'}")
+        print(f"run {report['run_id']}: {curve_text(report['pass_at_k'], args.min_tasks)}")
     return 0
 
 
@@ -168,23 +162,21 @@ def print_comparison(lake: Any, args: argparse.Namespace) -> int:
     """`trajlake metrics --runs`: the runs' figures by policy version or step, one row per run and x."""
     from trajlake.dashboards import compare
 
-    report = compare.comparison_report(lake, args.run_ids, args.success_threshold)
+    report = compare.comparison_report(lake, args.run_ids, args.success_threshold, args.min_tasks)
     if args.format == "json":  # the whole comparison: per run, by version, by step, pass@k
         print(json.dumps(report, indent=2, default=str))
         return 0
-    from trajlake.schemas.terminal import write_table
+    from trajlake.common.terminal import write_table
 
     by_version = args.by == "version"
     columns = (compare.VERSION_SCHEMA if by_version else compare.STEP_SCHEMA).names
     rows = [[r[c] for c in columns] for r in report["by_version" if by_version else "by_step"]]
     write_table(columns, rows, sys.stdout, args.format, max_width=args.max_width, float_format=".4f")
     if args.format == "table":
-        for run in report["summary"]:
-            passk = {1: run["pass_at_1"], run["k"]: run["pass_at_k"]}  # k: the largest every run reaches
-            shown = "  ".join(f"pass@{k}={v:.4f}" for k, v in passk.items() if v is not None)
-            print(
-                f"run {run['run_id']}: {shown or 'no scored trajectories'}, {run['trainer_steps']} trainer steps"
-            )
+        for run_id in report["run_ids"]:
+            curve = [r for r in report["pass_at_k"] if r["run_id"] == run_id]
+            steps = next(r["trainer_steps"] for r in report["summary"] if r["run_id"] == run_id)
+            print(f"run {run_id}: {curve_text(curve, args.min_tasks)}; {steps} trainer steps")
     return 0
 
 

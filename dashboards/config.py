@@ -7,18 +7,23 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from trajlake.schemas.settings import LakeSettings, Settings, cli
+from trajlake.common.settings import Settings, cli
+from trajlake.dashboards.passk import MIN_TASKS
+from trajlake.schemas.settings import DEFAULT_SUCCESS_THRESHOLD as DEFAULT_SUCCESS_THRESHOLD
+from trajlake.schemas.settings import LakeSettings, PassSettings
 from trajlake.store.config import TokenizerSettings
 
-DEFAULT_SUCCESS_THRESHOLD = 1.0
 MAX_LIVE_INTERVAL_S = 3600
 
 
-class ThresholdSettings(Settings):
-    """When a sample counts as passed."""
+class ThresholdSettings(PassSettings):
+    """When a sample counts as passed, and how many tasks a pass@k must stand on to be shown."""
 
-    success_threshold: float = Field(
-        DEFAULT_SUCCESS_THRESHOLD, description="a sample passes when its reward is >= this"
+    min_tasks: int = Field(
+        MIN_TASKS,
+        ge=1,
+        description="show pass@k (overall and per policy version) only where at least this many tasks "
+        "have k or more scored samples; fewer: the value is hidden and the count shown",
     )
 
 
@@ -52,7 +57,6 @@ class AppSettings(LakeSettings, ThresholdSettings, TokenizerSettings):
         ge=1,
         le=MAX_LIVE_INTERVAL_S,
         description="seconds between rereads of the lake when the sidebar's Live toggle is on",
-        json_schema_extra=cli(option="--live-interval", metavar="SECONDS"),
     )
 
 

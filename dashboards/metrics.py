@@ -23,8 +23,11 @@ import pyarrow.compute as pc
 
 from trajlake.dashboards.browse import (
     find_trajectories,
+    labels_by_outcome,
     trajectory_advantage,
+    trajectory_labels,
     trajectory_summary,
+    trajectory_token_values,
     trajectory_tool_calls,
     trajectory_turns,
 )
@@ -35,7 +38,7 @@ from trajlake.dashboards.latency import (
     length_percentiles,
     slowest_trajectories,
 )
-from trajlake.dashboards.passk import MAX_K, mean_pass_at_k, pass_at_k
+from trajlake.dashboards.passk import MAX_K, MIN_TASKS, basis, mean_pass_at_k, pass_at_k
 from trajlake.dashboards.query import (
     EVENTS,
     SCORED,
@@ -56,22 +59,39 @@ from trajlake.dashboards.query import (
     version_join,
     versions_clause,
 )
+from trajlake.dashboards.rescore import (
+    flip_counts,
+    task_flips,
+    trajectory_rewards,
+    verdict_flips,
+    verifier_versions,
+)
 from trajlake.store.config import MISMATCH_THRESHOLD
 
 __all__ = [
     "MAX_K",
+    "MIN_TASKS",
     "MISMATCH_THRESHOLD",
+    "basis",
     "find_trajectories",
+    "flip_counts",
+    "labels_by_outcome",
     "length_histogram",
     "length_percentiles",
     "pass_at_k",
     "query",
     "rows",
     "slowest_trajectories",
+    "task_flips",
     "trajectory_advantage",
+    "trajectory_labels",
+    "trajectory_rewards",
     "trajectory_summary",
+    "trajectory_token_values",
     "trajectory_tool_calls",
     "trajectory_turns",
+    "verdict_flips",
+    "verifier_versions",
 ]
 
 
@@ -125,16 +145,26 @@ def task_outcomes(
     versions: VersionRange = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> pa.Table:
-    """Per task (and policy version): n scored samples, c passing ones, and their mean reward."""
+    """Per task (and policy version): n scored samples, c passing ones, and their mean reward (a trajectory
+    of unknown version has no place on the version axis: it counts in the run's figures only)."""
     return query(
         lake,
         f"""SELECT {run_key(run_id)}policy_version_min AS policy_version, task_id, count(*) AS n,
                    count(*) FILTER (WHERE reward >= $threshold) AS c, avg(reward) AS reward_mean
-            FROM {TRAJECTORIES} WHERE {scored(versions, run_id)}
+            FROM {TRAJECTORIES} WHERE {scored(versions, run_id)} AND policy_version_min IS NOT NULL
             GROUP BY ALL ORDER BY {run_key(run_id)}policy_version, task_id""",
         run=run_id,
         threshold=float(success_threshold),
     )
+
+
+PASS_AT_K_FIELDS = [
+    ("k", pa.int64()),
+    ("pass_at_k", pa.float64()),
+    ("n_tasks", pa.int64()),
+    ("n_tasks_total", pa.int64()),
+]
+"""The columns of every pass@k table after its keys: the value and the tasks it stands on (`mean_pass_at_k`)."""
 
 
 def pass_at_k_curve(
@@ -143,8 +173,9 @@ def pass_at_k_curve(
     versions: VersionRange = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
     max_k: int = MAX_K,
+    min_tasks: int = MIN_TASKS,
 ) -> pa.Table:
-    """pass@k for k = 1..max_k: per task from all its scored samples in `versions`, averaged over tasks.
+    """pass@k for k = 1..max_k over the tasks with >= k scored samples in `versions`, with their count.
 
     For several runs, one curve per run (rows keyed by run_id, in the order given)."""
     outcomes = query(
@@ -154,19 +185,41 @@ def pass_at_k_curve(
         run=run_id,
         threshold=float(success_threshold),
     )
-    fields = [("k", pa.int64()), ("pass_at_k", pa.float64()), ("n_tasks", pa.int64())]
+    keys = [] if isinstance(run_id, str) else [("run_id", pa.string())]
+    order = [()] if isinstance(run_id, str) else [(r,) for r in run_id]
+    return pass_at_k_table(outcomes, keys, order, max_k, min_tasks)
+
+
+def pass_at_k_by_version(
+    lake: Any,
+    run_id: str,
+    versions: VersionRange = None,
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
+    max_k: int = MAX_K,
+    min_tasks: int = MIN_TASKS,
+) -> pa.Table:
+    """Per policy version, pass@k over the tasks with >= k scored samples at that version, with their count."""
+    outcomes = task_outcomes(lake, run_id, versions, success_threshold)
+    keys = [("policy_version", pa.int64())]
+    order = [(v,) for v in dict.fromkeys(outcomes.column("policy_version").to_pylist())]
+    return pass_at_k_table(outcomes, keys, order, max_k, min_tasks)
+
+
+def pass_at_k_table(
+    outcomes: pa.Table, keys: list[tuple[str, pa.DataType]], order: list[tuple], max_k: int, min_tasks: int
+) -> pa.Table:
+    """`mean_pass_at_k` of each group of per-task `n, c` rows that share `keys`, groups in `order`."""
+    tasks: dict[tuple, list[tuple[int, int]]] = {key: [] for key in order}
+    columns = [outcomes.column(name).to_pylist() for name, _ in keys]
     pairs = zip(outcomes.column("n").to_pylist(), outcomes.column("c").to_pylist(), strict=True)
-    if isinstance(run_id, str):
-        return pa.Table.from_pylist(mean_pass_at_k(pairs, ks=range(1, max_k + 1)), schema=pa.schema(fields))
-    by_run: dict[str, list[tuple[int, int]]] = {r: [] for r in run_id}
-    for run, pair in zip(outcomes.column("run_id").to_pylist(), pairs, strict=True):
-        by_run[run].append(pair)
-    curves = [
-        {"run_id": run, **row}
-        for run, got in by_run.items()
-        for row in mean_pass_at_k(got, ks=range(1, max_k + 1))
+    for i, pair in enumerate(pairs):
+        tasks[tuple(column[i] for column in columns)].append(pair)
+    table = [
+        {**{name: value for (name, _), value in zip(keys, key, strict=True)}, **row}
+        for key, got in tasks.items()
+        for row in mean_pass_at_k(got, range(1, max_k + 1), min_tasks)
     ]
-    return pa.Table.from_pylist(curves, schema=pa.schema([("run_id", pa.string()), *fields]))
+    return pa.Table.from_pylist(table, schema=pa.schema([*keys, *PASS_AT_K_FIELDS]))
 
 
 def overview_by_version(
@@ -174,13 +227,15 @@ def overview_by_version(
     run_id: Runs,
     versions: VersionRange = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
+    min_tasks: int = MIN_TASKS,
 ) -> pa.Table:
     """Per policy version (and run, for several): trajectories, scored ones, mean reward, pass@1 and failure counts.
 
-    pass@1 is the mean over tasks of each task's share of passing scored samples; one scan
-    gives both the per-task outcomes it needs and the counts."""
+    pass@1 is the mean over the version's `n_tasks` tasks of each task's share of passing scored
+    samples, hidden (null) below `min_tasks` tasks as `mean_pass_at_k` hides it; one scan gives
+    both the per-task outcomes it needs and the counts."""
     keys = f"{run_key(run_id)}policy_version_min"
-    return query(
+    table = query(
         lake,
         f"""WITH per_task AS (
                 SELECT {keys}, task_id, count(*) AS n_trajectories, count(*) FILTER (WHERE {SCORED}) AS n,
@@ -195,11 +250,20 @@ def overview_by_version(
                    sum(n)::BIGINT AS n_scored, sum(reward_sum) / nullif(sum(n), 0) AS reward_mean,
                    sum(n_system_failures)::BIGINT AS n_system_failures,
                    sum(n_model_failures)::BIGINT AS n_model_failures,
-                   avg(c / n) FILTER (WHERE n > 0) AS pass_at_1
+                   count(*) FILTER (WHERE n > 0) AS n_tasks, avg(c / n) FILTER (WHERE n > 0) AS pass_at_1
             FROM per_task GROUP BY ALL ORDER BY {keys}""",
         run=run_id,
         threshold=float(success_threshold),
     )
+    return hide_thin_pass_at_1(table, min_tasks)
+
+
+def hide_thin_pass_at_1(table: pa.Table, min_tasks: int) -> pa.Table:
+    """`table` with `pass_at_1` null where it stands on fewer than `min_tasks` tasks (`n_tasks`), as
+    `mean_pass_at_k` withholds it."""
+    enough = pc.greater_equal(table.column("n_tasks"), min_tasks)
+    hidden = pc.if_else(enough, table.column("pass_at_1"), pa.scalar(None, pa.float64()))
+    return table.set_column(table.schema.get_field_index("pass_at_1"), "pass_at_1", hidden)
 
 
 # -- entropy ----------------------------------------------------------------------------------
@@ -220,7 +284,7 @@ def rollout_entropy(lake: Any, run_id: Runs, versions: VersionRange = None) -> p
         lake,
         f"""SELECT {run_key(run_id)}policy_version, -sum(sum_logprob) / nullif(sum(n_output_tokens), 0) AS entropy,
                    sum(n_output_tokens)::BIGINT AS n_tokens, sum(n_turns)::BIGINT AS n_turns
-            FROM ({source}) WHERE {versions_clause(versions, "policy_version")}
+            FROM ({source}) WHERE policy_version IS NOT NULL AND {versions_clause(versions, "policy_version")}
             GROUP BY ALL ORDER BY {run_key(run_id)}policy_version""",
         run=run_id,
     )
@@ -519,13 +583,14 @@ def figures_by_version(
     run_id: Runs,
     versions: VersionRange = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
+    min_tasks: int = MIN_TASKS,
 ) -> list[dict[str, Any]]:
     """Per policy version (and run, for several), one row: the overview, behaviour and rollout-entropy figures."""
 
     def key(r: dict[str, Any]) -> tuple[Any, Any]:
         return r.get("run_id"), r["policy_version"]
 
-    overview = rows(overview_by_version(lake, run_id, versions, success_threshold))
+    overview = rows(overview_by_version(lake, run_id, versions, success_threshold, min_tasks))
     behaviour = {key(r): r for r in rows(behaviour_by_version(lake, run_id, versions))}
     entropy = {key(r): r["entropy"] for r in rows(rollout_entropy(lake, run_id, versions))}
     merged = []
@@ -538,29 +603,34 @@ def figures_by_version(
 
 
 def metrics_report(
-    lake: Any, run_id: str, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
+    lake: Any,
+    run_id: str,
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
+    min_tasks: int = MIN_TASKS,
 ) -> dict[str, Any]:
-    """The dashboard's headline figures per policy version, as one JSON-ready dict."""
-    versions = figures_by_version(lake, run_id, None, success_threshold)
+    """The dashboard's headline figures per policy version, as one JSON-ready dict.
+
+    Each pass@k, of the run and of each version, comes as rows `{k, pass_at_k, n_tasks,
+    n_tasks_total}`: the tasks it is averaged over beside it, the value null below `min_tasks`."""
+    versions = figures_by_version(lake, run_id, None, success_threshold, min_tasks)
     lengths: dict[int, dict[str, float]] = {}
     for r in rows(length_percentiles(lake, run_id)):
         for q in PERCENTILES:
             p = f"p{round(q * 100)}"
             lengths.setdefault(r["policy_version"], {})[f"{r['measure']}_{p}"] = r[p]
-    tasks: dict[int, list[tuple[int, int]]] = {}  # one query for every version's pass@k, not one per version
-    for r in rows(task_outcomes(lake, run_id, None, success_threshold)):
-        tasks.setdefault(r["policy_version"], []).append((r["n"], r["c"]))
+    by_version: dict[int, list[dict[str, Any]]] = {}  # one query for every version's pass@k
+    for r in rows(pass_at_k_by_version(lake, run_id, None, success_threshold, MAX_K, min_tasks)):
+        by_version.setdefault(r.pop("policy_version"), []).append(r)
     for row in versions:
         v = row["policy_version"]
         row |= lengths.get(v, {})  # e.g. latency_s_p99, tokens_p50: absent where nothing was recorded
-        row["pass_at_k"] = {r["k"]: r["pass_at_k"] for r in mean_pass_at_k(tasks.get(v, []))}
+        row["pass_at_k"] = by_version.get(v, [])
     return {
         "run_id": run_id,
         "success_threshold": success_threshold,
+        "min_tasks": min_tasks,
         "versions": versions,
-        "pass_at_k": {
-            r["k"]: r["pass_at_k"] for r in rows(pass_at_k_curve(lake, run_id, None, success_threshold))
-        },
+        "pass_at_k": rows(pass_at_k_curve(lake, run_id, None, success_threshold, MAX_K, min_tasks)),
         "trainer_entropy": rows(trainer_entropy(lake, run_id)),
         "logprob_mismatch": rows(logprob_mismatch(lake, run_id)),
         "staleness": rows(staleness_distribution(lake, run_id)),

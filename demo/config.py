@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from trajlake.common.settings import cli
 from trajlake.demo.envs.config import EnvConfig
-from trajlake.schemas.settings import KafkaSwitch, LakeSettings, cli
+from trajlake.demo.warm_start import WarmStartConfig
+from trajlake.schemas.settings import KafkaSwitch, LakeSettings
 
 DEFAULT_STEPS = 40
-CHAT_BUDGET_FROM = EnvConfig().context_budget_tokens
-CHAT_CONTEXT_BUDGET = 112
+VLLM_STEPS = 60
+"""The chat model's RL run: its warm start leaves a smaller, slower rise than the GRU's from scratch."""
+CHAT_ENV = {"context_budget_tokens": 120, "max_new_tokens": 48}
+"""A chat model's limits where the vocabulary policy's do not fit: a ~15-token prompt, ~25-token calls,
+~15-token tool results (cut to the output budget) and ~25-token malformed-call errors. The right call
+and the answer take ~57 tokens, a wrong call and the answer ~61; a wrong call, then the right one
+takes ~100, past 80% of the budget (96), so the nudge fires before the answer, which still fits; a
+malformed call and its retry (~112 before the result) or a turn of 48 babbled tokens and a call run
+out of context."""
+
+RAY_MIN_CORES = 4
+"""The demo runs its episodes on Ray by default from this many CPU cores. On two, the same 10 steps on
+the vLLM engine took 69 s on eight Ray workers and 53 s on eight threads: the engine, which every turn
+waits for, needs one core to itself."""
 
 
 class DemoConfig(LakeSettings, KafkaSwitch):
@@ -20,6 +36,12 @@ class DemoConfig(LakeSettings, KafkaSwitch):
 
     model_config = SettingsConfigDict(env_prefix="TRAJLAKE_DEMO_")
 
+    stack: Path | None = Field(
+        None,
+        description="run against the stack `trajlake stack up --dir DIR` started: its Kafka, S3 lake and "
+        "PostgreSQL catalog (instead of --lake and --kafka)",
+        json_schema_extra=cli(metavar="DIR"),
+    )
     engine: Literal["tiny", "vllm"] = Field(
         "vllm",
         description="vllm: a Qwen2 chat model served by vLLM, trained in place; tiny: a GRU policy in each worker.",
@@ -27,6 +49,7 @@ class DemoConfig(LakeSettings, KafkaSwitch):
     model_dir: str | None = Field(
         None,
         description="vllm: the model directory to serve and train; default <lake>/model (made if missing).",
+        json_schema_extra=cli("--model", metavar="DIR"),
     )
     vllm_url: str | None = Field(
         None,
@@ -35,7 +58,11 @@ class DemoConfig(LakeSettings, KafkaSwitch):
     run_id: str | None = Field(
         None, description="Run id; default `demo`, or demo-<UTC time> if the lake has a `demo` run."
     )
-    steps: int = Field(DEFAULT_STEPS, ge=5, description="Trainer steps (= policy versions) of the main run.")
+    steps: int = Field(
+        DEFAULT_STEPS,
+        ge=5,
+        description=f"Trainer steps (= policy versions) of the main run ({VLLM_STEPS} on vllm).",
+    )
     seed: int = Field(0, description="Seed of weights, tasks, sampling and fault injection.")
     groups_per_step: int = Field(8, ge=1, description="Prompt groups per trainer batch.")
     samples_per_group: int = Field(4, ge=2, description="Samples per prompt group (GRPO group size).")
@@ -44,10 +71,11 @@ class DemoConfig(LakeSettings, KafkaSwitch):
         ge=1,
         description="Rollout workers (episodes in flight); default 2 on tiny, 8 on vllm (it batches).",
     )
-    ray: bool = Field(
-        True,
-        description="Run episodes as local Ray tasks (--no-ray: threads in this process).",
-        json_schema_extra=cli("--no-ray"),
+    ray: bool | None = Field(
+        None,
+        description=f"Run episodes as local Ray tasks, or (--no-ray) on threads in this process; default: Ray "
+        f"with at least {RAY_MIN_CORES} CPU cores: on fewer, the Ray workers' share of the CPU slows the engine "
+        "that every turn waits for.",
     )
     topic: str | None = Field(None, description="Kafka topic; default trajlake-demo-<run id>.")
     max_staleness: int = Field(
@@ -56,7 +84,8 @@ class DemoConfig(LakeSettings, KafkaSwitch):
     lr: float | None = Field(
         None,
         gt=0,
-        description="Adam learning rate; default 1e-2 on tiny (a GRU), 1e-3 on vllm (a transformer).",
+        description="Adam learning rate; default 1e-2 on tiny (a GRU), 1e-4 on vllm (a warm-started transformer: "
+        "3e-4 breaks its argument copying, 1e-3 collapses it).",
     )
     overfit_tasks: int = Field(
         32, ge=0, description="Tasks with non-zero reward variance in the overfit check (0: skip)."
@@ -72,16 +101,24 @@ class DemoConfig(LakeSettings, KafkaSwitch):
     env: EnvConfig = Field(
         default_factory=EnvConfig, description="Environment limits and injected fault rates."
     )
+    warm_start: WarmStartConfig = Field(
+        default_factory=WarmStartConfig,
+        description="vllm: the supervised warm start that teaches the model to write tool calls before RL.",
+    )
 
     @model_validator(mode="after")
     def _defaults(self) -> DemoConfig:
+        if self.ray is None:
+            self.ray = (os.cpu_count() or 1) >= RAY_MIN_CORES
         if self.workers is None:
             self.workers = 8 if self.engine == "vllm" else 2
         if self.lr is None:
-            self.lr = 1e-3 if self.engine == "vllm" else 1e-2
-        if self.engine == "vllm" and self.env.context_budget_tokens == CHAT_BUDGET_FROM:
-            # a chat prompt holds the system prompt and the tool list: ~250 tokens before the task
-            self.env = self.env.model_copy(update={"context_budget_tokens": CHAT_CONTEXT_BUDGET})
+            self.lr = 1e-4 if self.engine == "vllm" else 1e-2
+        if self.engine == "vllm" and "steps" not in self.model_fields_set:
+            self.steps = VLLM_STEPS
+        if self.engine == "vllm":  # limits the user left unset take the chat model's defaults
+            unset = {name: value for name, value in CHAT_ENV.items() if name not in self.env.model_fields_set}
+            self.env = EnvConfig.model_validate({**self.env.model_dump(exclude_unset=True), **unset})
         if self.fault_rate != 1.0:
             self.env = self.env.model_copy(update={"faults": self.env.faults.scaled(self.fault_rate)})
             self.fault_rate = 1.0  # applied: a saved config reloads to the same rates

@@ -11,9 +11,11 @@ ByteLevel without its own regex), and is saved through `Qwen2Tokenizer` itself; 
 then checks that `AutoTokenizer` and `tokenizers.Tokenizer` encode a probe set identically,
 because a disagreement would make vLLM and the trainer see different ids for the same text.
 
-The demo's tools get one added token per argument-free call (`ACTION_TOKENS`): a tool call the
-model writes in one token is learnable from scratch in minutes on two cores, and its text is the
-hermes call the chat template renders, so it parses like any other call.
+The merges are learned from the chat markup, the demo's task language, example tool calls and
+what the harness writes (its prompts, nudge and error messages), so a call takes ~22 tokens.
+Each demo tool's argument-free call is one added token (`action_tokens`): the `answer` call a
+model writes is one token, and the same call spelled out in ordinary tokens decodes to text that
+re-encodes as that one token, the sharpest case of encode(decode(ids)) != ids.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from trajlake.common.settings import Settings, cli
 from trajlake.rollout.engine.chatml import (
     CHAT_TEMPLATE,
     END_TOOL_RESPONSE,
@@ -37,7 +40,6 @@ from trajlake.rollout.engine.chatml import (
     tool_call_text,
 )
 from trajlake.schemas.errors import TrajlakeError
-from trajlake.schemas.settings import Settings, cli
 
 DEMO_TOOLS = ("calc", "python", "answer")
 
@@ -123,11 +125,12 @@ def corpus(tools: Iterable[str]) -> list[str]:
         "You may call one or more functions to assist with the user query.",
         "For each function call, return a json object with function name and arguments within",
         '{"type": "function", "function": {"name": "calc", "description": "Evaluate", "parameters": {}}}',
-        chat_episode.SYSTEM_PROMPT,
-        chat_episode.NO_ACTION_PROMPT,
+        *chat_episode.harness_texts(),
         f"{IM_START}system\n{IM_END}\n{IM_START}user\n{IM_END}\n{IM_START}assistant\n{IM_END}\n",
         "the quick brown fox jumps over the lazy dog; The Quick Brown Fox 0123456789",
         *(tool_call_text(name, {"expression": "3 + 4"}) for name in tools),
+        tool_call_text("python", {"code": "reverse a b c"}),
+        tool_call_text("python", {"code": "count a in a b c"}),
         *(f"{TOOL_RESPONSE}\n{w} {w}\n{END_TOOL_RESPONSE}" for w in words),
     ]
     for a in vocab.DIGITS:

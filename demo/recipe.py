@@ -3,7 +3,9 @@
 The recipe reads top to bottom (`run_demo`):
 
 1. setup     — a lake, its catalog, a bus (in-process, or Kafka) and the exactly-once sink
-               in a thread, so every event takes the production path into Delta tables;
+               in a thread, so every event takes the production path into Delta tables; on the
+               vLLM engine, the tiny chat model is warm-started to write tool calls (supervised,
+               ~200 steps, cached next to the lake) and served;
 2. overfit   — the field's first check: play candidate tasks, keep 32 with non-zero reward
                variance, train a few steps on exactly those, and show that loss and reward move;
 3. run       — rollout workers (Ray, or threads) play prompt groups with the newest policy
@@ -24,13 +26,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from trajlake.demo.config import DemoConfig
+from trajlake.common.terminal import Progress
+from trajlake.demo.config import RAY_MIN_CORES, DemoConfig
 from trajlake.demo.envs.config import EnvConfig
-from trajlake.schemas.terminal import Progress
 
 if TYPE_CHECKING:
     from trajlake.ingest.bus.base import Consumer, Publisher
     from trajlake.ingest.sink import SinkThread
+
+
+LAKE_LATENCY_S = 1.0
+"""How often the sink commits, never sooner: each commit's projections cost the rollouts' CPU, and a
+second is still fresh. Committing whenever a poll came back empty (the sink's default, for freshness)
+made 1,120 events commits in 60 steps on two cores, and each step slowed from 4 s to 8 s as they grew."""
+BATCH_WAIT_S = 30.0
+"""How long the trainer waits for a full batch of groups with reward variance before it takes what there is."""
 
 
 # -- platform pieces -----------------------------------------------------------------------------
@@ -92,23 +102,29 @@ def make_trainer(ctx: DemoContext, run_id: str, recorder: Any, policy_loss: str,
     sampler = SamplerConfig(
         run_id=run_id, max_staleness=cfg.max_staleness, group_size=cfg.samples_per_group,
         groups_per_batch=cfg.groups_per_step, drop_zero_variance=True, group_wait_s=2.0,
-        poll_interval_s=0.05, lease_ttl_s=3600.0,
+        poll_interval_s=0.5, lease_ttl_s=3600.0,  # each poll reads the lake: the CPU the rollouts need
     ).model_copy(update=sampling)  # fmt: skip
     config = TrainerConfig(
         run_id=run_id, steps=cfg.steps, seed=cfg.seed, vocab_size=ctx.vocab_size, lr=cfg.lr, advantage="drgrpo",
         policy_loss=policy_loss, aggregation="token_mean", sampler=sampler,
+        checkpoint_dir=str(local_dir(ctx.lake) / "checkpoints" / run_id),
     )  # fmt: skip
     if ctx.vllm is not None:
         from trajlake.trainer.hf_policy import HFTrainer
 
         trainer = HFTrainer(
-            ctx.lake, config, catalog=ctx.catalog, recorder=recorder, model_dir=ctx.vllm.model_dir,
-            allowed_token_ids=ctx.vllm.action_ids,  # the rollouts sample from the action tokens only
-        )  # fmt: skip
+            ctx.lake, config, catalog=ctx.catalog, recorder=recorder, model_dir=ctx.vllm.model_dir
+        )
     else:
         trainer = ReferenceTrainer(ctx.lake, config, catalog=ctx.catalog, recorder=recorder)
     trainer.setup()
     return trainer
+
+
+def local_dir(lake: Any) -> Path:
+    """Where the demo keeps its files (checkpoints, the model, vLLM's state): the lake's directory, or
+    ./trajlake-data beside an object-store lake."""
+    return Path(lake.root) if "://" not in str(lake.root) else Path("./trajlake-data")
 
 
 # -- the recipe ------------------------------------------------------------------------------------
@@ -125,6 +141,7 @@ class DemoContext:
     sink: SinkThread
     vllm: Any = None  # the VllmEngine, on the vllm engine
     server: dict[str, Any] | None = None  # the vLLM server this demo started (stopped at the end)
+    warm_start: dict[str, Any] | None = None  # what the warm start did, on the vllm engine
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -167,15 +184,20 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
 
     from trajlake.ingest.sink import DeltaSink, SinkConfig, SinkThread
     from trajlake.store.catalog import Catalog
+    from trajlake.store.config import CatalogSettings
     from trajlake.store.lake import Lake
 
     torch.set_num_threads(1)  # many small models in a few threads: one thread each beats contention
     lake = Lake(config.lake)
-    catalog = Catalog.for_lake(lake.root)
+    catalog = Catalog.for_lake(lake.root, CatalogSettings.from_env().catalog_url)  # a stack's PostgreSQL
     if config.run_id is None:
         config = config.model_copy(update={"run_id": free_run_id(lake, catalog)})
     producer, consumer = make_buses(config)
-    sink = SinkThread(DeltaSink(lake, consumer, SinkConfig(max_latency_s=0.3, poll_timeout_s=0.05)))
+    # on a stack its projector follows `events`: a second one here would take the projections over
+    # and the stack's would stand down, leaving them to a demo that stops
+    sink_config = SinkConfig(max_latency_s=LAKE_LATENCY_S, poll_timeout_s=0.05, flush_when_idle=False,
+                             update_projections=config.stack is None)  # fmt: skip
+    sink = SinkThread(DeltaSink(lake, consumer, sink_config))
     ctx = DemoContext(config, out, lake, catalog, producer, consumer, sink)
     if config.engine == "vllm":
         try:
@@ -187,18 +209,21 @@ def setup(config: DemoConfig, out: TextIO) -> DemoContext:
 
 
 def start_vllm(ctx: DemoContext) -> None:
-    """Build the model directory if missing, start (or reach) the vLLM server, label its weights 0."""
+    """Build the model directory if missing, warm-start it, start (or reach) the vLLM server serving the
+    warm-started weights as version 0."""
     from trajlake.demo.envs.engines import VllmEngine
     from trajlake.demo.model import init_model
     from trajlake.ingest.broker import free_port
     from trajlake.rollout.engine.server import VllmServerConfig, start_server
 
     cfg = ctx.config
-    local = Path(ctx.lake.root) if "://" not in str(ctx.lake.root) else Path("./trajlake-data")
+    local = local_dir(ctx.lake)
     model_dir = Path(cfg.model_dir) if cfg.model_dir else local / "model"
     if not (model_dir / "config.json").exists():
         ctx.say(f"building a tiny Qwen2 chat model in {model_dir} (trajlake model init)")
         init_model(model_dir)
+    if cfg.warm_start.steps:
+        model_dir = warm_start_model(ctx, model_dir, local / "model-warm")
     if cfg.vllm_url:
         base_url, name = cfg.vllm_url, served_name(cfg.vllm_url)
     else:
@@ -207,6 +232,27 @@ def start_vllm(ctx: DemoContext) -> None:
         ctx.server = start_server(server, log=ctx.out, die_with_parent=True)
         base_url, name = ctx.server["base_url"], ctx.server["model"]
     ctx.vllm = VllmEngine(model_dir, base_url, name, cfg.env.temperature)
+
+
+def warm_start_model(ctx: DemoContext, model_dir: Path, out_dir: Path) -> Path:
+    """The warm-started copy of `model_dir` (trained now, or the one a run before left in `out_dir`)."""
+    from trajlake.demo.warm_start import warm_start
+
+    cfg = ctx.config
+    ws = cfg.warm_start
+    ctx.say(
+        f"warm start: {ws.steps} supervised steps on {ws.transcripts} synthetic transcripts "
+        f"({ws.wrong_tool_share:.0%} call the wrong tool first, {ws.wrong_tool_share * ws.recover_share:.0%} then the "
+        f"right one; {ws.retry_share:.0%} retry a malformed call)"
+    )
+    done = warm_start(model_dir, out_dir, ws, cfg.env, seed=cfg.seed + 20_000)  # tasks apart from the RL's
+    how = "reused from an earlier run" if done["cached"] else "trained"
+    ctx.say(
+        f"  {how} in {done['seconds']:.0f}s: loss {done['loss_first']:.2f} -> {done['loss_last']:.2f}, "
+        f"model {out_dir}"
+    )
+    ctx.warm_start = done
+    return out_dir
 
 
 def served_name(base_url: str) -> str:
@@ -406,7 +452,10 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
     )
     recorder = Recorder(ctx.producer, run_id, vocab_size=ctx.vocab_size, producer_id="demo-trainer")
     trainer = make_trainer(ctx, run_id, recorder, "ppo")
-    ctx.catalog.register_run(run_id, cfg.model_dump(mode="json"))
+    # the trainer's settings (what `trajlake ablate` replays the run with), and the demo's
+    ctx.catalog.register_run(
+        run_id, trainer.config.model_dump(mode="json") | {"demo": cfg.model_dump(mode="json")}
+    )
     engine = ctx.engine(trainer)
     feed = TaskFeed(task_stream(cfg.seed + 10_000, cfg.env), max_ahead=2 * cfg.groups_per_step)
     # groups whose samples all scored the same carry no GRPO signal: the trainer's sampler leaves
@@ -428,7 +477,9 @@ def train_run(ctx: DemoContext) -> dict[str, Any]:
             ctx.sink.check()
             workers.check()
             sampler = with_signal
-            batch = with_signal.next_batch(trainer.version, trainer.step, timeout_s=1.0)
+            # a full batch (groups_per_step groups) unless the rollouts cannot fill one in time: the
+            # workers keep playing meanwhile, and a step on one or two groups learns little
+            batch = with_signal.next_batch(trainer.version, trainer.step, timeout_s=BATCH_WAIT_S)
             if batch is None:
                 sampler, batch = any_group, any_group.next_batch(trainer.version, trainer.step, timeout_s=0.0)
             if batch is None:
@@ -507,6 +558,7 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> dict[str, Any]:
             f"trajlake demo · run {config.run_id} · lake {ctx.lake.root} · "
             f"bus {'kafka ' + config.kafka if config.kafka else 'in-process'} · "
             f"workers {config.workers} {'ray' if config.ray else 'threads'}"
+            + ("" if config.ray else f" (Ray by default from {RAY_MIN_CORES} cores; --ray)")
         )
         overfit = overfit_check(ctx) if config.overfit_tasks else None
         run = train_run(ctx)

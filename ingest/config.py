@@ -5,13 +5,39 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from trajlake.schemas.settings import Settings, cache_dir, cli
+from trajlake.common.settings import Settings, cache_dir, cli
 
 DEFAULT_TOPIC = "trajlake-events"
 DEFAULT_GROUP = "trajlake-sink"
+
+
+REPLICATION_FACTOR_HELP = "replicas of each partition of a topic; default: min(3, brokers of the cluster)"
+MIN_INSYNC_REPLICAS_HELP = (
+    "replicas an acks=all write to a topic waits for; default: replication_factor - 1, at least 1"
+)
+
+
+def replication(
+    brokers: int, replication_factor: int | None = None, min_insync_replicas: int | None = None
+) -> tuple[int, int]:
+    """The replication factor and min.insync.replicas of a topic on `brokers` brokers: by default
+    min(3, brokers) and one fewer (at least 1), so that one broker down stops no acks=all write."""
+    rf = replication_factor or min(3, brokers)
+    min_isr = min_insync_replicas or max(1, rf - 1)
+    if rf > brokers:
+        raise ValueError(
+            f"replication_factor {rf} exceeds the {brokers} broker(s) of the cluster; lower it "
+            "(TRAJLAKE_KAFKA_REPLICATION_FACTOR, --replication-factor) or start more nodes (--nodes)"
+        )
+    if min_isr > rf:
+        raise ValueError(
+            f"min_insync_replicas {min_isr} exceeds replication_factor {rf}: no write could ever be "
+            "acknowledged; lower it (TRAJLAKE_KAFKA_MIN_INSYNC_REPLICAS, --min-insync-replicas)"
+        )
+    return rf, min_isr
 
 
 def default_spool_dir() -> Path:
@@ -32,7 +58,6 @@ class KafkaConfig(Settings):
         DEFAULT_GROUP,
         min_length=1,
         description="consumer group shared by all sink processes",
-        json_schema_extra=cli("--group"),
     )
     group_instance_id: str | None = Field(
         None,
@@ -40,6 +65,8 @@ class KafkaConfig(Settings):
     )
     client_id: str = Field("trajlake", description="client id shown in broker logs")
     partitions: int = Field(4, ge=1, le=10_000, description="partitions when this client creates the topic")
+    replication_factor: int | None = Field(None, ge=1, description=REPLICATION_FACTOR_HELP)
+    min_insync_replicas: int | None = Field(None, ge=1, description=MIN_INSYNC_REPLICAS_HELP)
     wire_format: Literal["arrow", "json"] = Field("arrow", description="value encoding of published events")
     compression: Literal["auto", "zstd", "lz4", "gzip", "none"] = Field(
         "auto",
@@ -187,6 +214,25 @@ class KafkaConfig(Settings):
         return kwargs
 
 
+class BusConfig(BaseModel):
+    """Which bus carries events from publishers to sinks: `type` picks the backend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["inprocess", "kafka"] = Field(
+        "inprocess", description="inprocess: the embedded default, one process; kafka: a cluster, scale-out"
+    )
+    kafka: KafkaConfig | None = Field(None, description="the cluster, topic and clients, for type kafka")
+    topic: str | None = Field(None, description="inprocess: the topic name (default: one of its own)")
+    partitions: int | None = Field(None, ge=1, description="inprocess: its partitions (default 4)")
+
+    @model_validator(mode="after")
+    def _check_type(self) -> BusConfig:
+        if (self.type == "kafka") != (self.kafka is not None):
+            raise ValueError("a bus of type kafka needs its KafkaConfig (kafka), and only it does")
+        return self
+
+
 class SinkConfig(Settings):
     """When the sink flushes, and what it does on each flush."""
 
@@ -196,8 +242,7 @@ class SinkConfig(Settings):
         1.0,
         gt=0,
         validation_alias="TRAJLAKE_MAX_LATENCY",
-        description="Flush buffered events at least every S seconds.",
-        json_schema_extra=cli("--max-latency", metavar="S"),
+        description="Flush buffered events at least this often, in seconds.",
     )
     poll_max_messages: int = Field(500, ge=1, description="Messages taken per poll.")
     poll_timeout_s: float = Field(0.2, gt=0, description="How long one poll waits for a first message.")
@@ -216,24 +261,21 @@ class SinkConfig(Settings):
     )
     exactly_once: bool = Field(
         True,
-        description="Store offsets in the Delta log and resume from them (--no-exactly-once: benchmarks only).",
-        json_schema_extra=cli("--no-exactly-once"),
+        description="Store offsets in the Delta log and resume from them.",
+        json_schema_extra=cli(
+            "--no-exactly-once",
+            off="store no offsets in the Delta log: a restarted sink may write events twice (benchmarks only)",
+        ),
     )
-    update_projections: bool = Field(True, description="Advance projections after every events commit.")
-    merge_fanin: int = Field(
-        10,
-        ge=0,
-        description="After each commit, merge a projection's files once this many of one order of magnitude "
-        "(in bytes) pile up: readers open tens of files, not one per commit (0: never; bench/scale.py).",
+    update_projections: bool = Field(
+        True,
+        description="Run the lake's projector in this process, beside its sinks (the embedded default): "
+        "projections follow each events commit on a thread of their own.",
+        json_schema_extra=cli(
+            "--no-update-projections",
+            off="only ingest: write events and offsets, and leave projections to `trajlake project --follow`",
+        ),
     )
-
-    @field_validator("merge_fanin")
-    @classmethod
-    def _check_fanin(cls, value: int) -> int:
-        if value == 1:
-            raise ValueError("merge_fanin must be 0 (never merge) or at least 2 (TRAJLAKE_MERGE_FANIN)")
-        return value
-
     seq_cache_trajectories: int = Field(
         200_000, ge=0, description="Trajectories whose seqs are kept to detect duplicates."
     )
@@ -250,8 +292,16 @@ class IngestSettings(Settings):
     until_idle: float | None = Field(
         None,
         ge=0,
-        description="exit after S seconds without new messages; unset: run until SIGTERM",
-        json_schema_extra=cli(metavar="S"),
+        description="exit once the lake holds the topic's end (every partition's offset in the Delta log "
+        "at its end offset) and this many seconds passed without a message; unset: run until SIGTERM",
+        json_schema_extra=cli(metavar="SECONDS"),
+    )
+    drain_timeout: float = Field(
+        120.0,
+        gt=0,
+        description="with --until-idle: exit 1, naming the partitions behind and the group's state, once the "
+        "lake stays short of the topic's end this long without progress",
+        json_schema_extra=cli(metavar="SECONDS"),
     )
     metrics_port: int | None = Field(
         None,
@@ -261,5 +311,5 @@ class IngestSettings(Settings):
     )
     metrics_host: str = Field("127.0.0.1", description="address of the metrics endpoint")
     log_interval: float = Field(
-        10.0, gt=0, description="seconds between progress log lines", json_schema_extra=cli(metavar="S")
+        10.0, gt=0, description="seconds between progress log lines", json_schema_extra=cli(metavar="SECONDS")
     )

@@ -12,17 +12,26 @@
 Token ids are stored exactly as given (token-in, token-out). When a caller hands over the
 full input of a turn, the recorder checks the prefix invariant: the input must extend the
 previous input plus output. Then only the appended tokens are stored; otherwise the full
-input is stored and the turn is marked as TITO drift.
+input is stored and the turn is marked as TITO drift. A turn whose policy version is not known
+(`policy_version=None`) stores it as unknown (null), never as version 0.
+
+On SIGINT or SIGTERM (`trajlake.ingest.shutdown`, installed by the first Recorder of a process's
+main thread unless the program set handlers of its own), every trajectory still open is finished
+as a system failure (`error`, `infra`, the signal in its message) and published: a pre-empted
+producer leaves no trajectory half-recorded, and its bus flushes or spools what it then holds.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trajlake.ingest import shutdown
 from trajlake.ingest.bus.base import Publisher
 from trajlake.schemas import events as ev
 from trajlake.schemas.errors import TrajlakeError
@@ -50,6 +59,11 @@ def extra_fields(event_type: str, extra: Mapping[str, Any], own: Mapping[str, An
     return {k: v for k, v in extra.items() if v is not None}
 
 
+def stopped_message(signal_name: str) -> str:
+    """The message of a trajectory a stop cut short."""
+    return f"the producer stopped on {signal_name} before the trajectory ended"
+
+
 def _ids(values: Sequence[int] | Any) -> list[int]:
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
@@ -74,31 +88,33 @@ class TrajectoryRecorder:
         self.finished = False
         self.drift_turns = 0
         self._pending: list[dict[str, Any]] = []
+        self._lock = threading.RLock()  # a stop may finish the trajectory from another thread
 
     # -- events ---------------------------------------------------------------------------
     def _emit(self, event_type: str, extra: Mapping[str, Any], /, **fields: Any) -> None:
         """Queue one event: the calling method's `fields` plus the caller's `extra` keywords."""
-        if self.finished:
-            raise RecorderError(
-                f"trajectory {self.trajectory_id} is finished; start a new one to record more"
+        with self._lock:
+            if self.finished:
+                raise RecorderError(
+                    f"trajectory {self.trajectory_id} is finished; start a new one to record more"
+                )
+            event = ev.make_event(
+                event_type,
+                self.recorder.run_id,
+                trajectory_id=self.trajectory_id,
+                seq=self.seq,
+                producer_id=self.recorder.producer_id,
+                **{k: v for k, v in fields.items() if v is not None},
+                **extra_fields(event_type, extra, fields),
             )
-        event = ev.make_event(
-            event_type,
-            self.recorder.run_id,
-            trajectory_id=self.trajectory_id,
-            seq=self.seq,
-            producer_id=self.recorder.producer_id,
-            **{k: v for k, v in fields.items() if v is not None},
-            **extra_fields(event_type, extra, fields),
-        )
-        self.seq += 1
-        self._pending.append(event)
+            self.seq += 1
+            self._pending.append(event)
 
     def turn(
         self,
         output_token_ids: Sequence[int],
         output_logprobs: Sequence[float],
-        policy_version: int,
+        policy_version: int | None,
         *,
         input_token_ids: Sequence[int] | None = None,
         full_input_token_ids: Sequence[int] | None = None,
@@ -113,6 +129,8 @@ class TrajectoryRecorder:
 
         Pass either `input_token_ids` (only what was appended since the last output) or
         `full_input_token_ids` (the whole prompt the engine saw; the recorder checks it).
+        `policy_version`: the weight version that generated the turn; None when it is not known
+        (stored as null: the sampler leaves such trajectories out, never takes them as fresh).
         Any other field a turn carries (`schemas/fields.py`) can be passed as a keyword.
         """
         if input_token_ids is not None and full_input_token_ids is not None:
@@ -141,7 +159,7 @@ class TrajectoryRecorder:
             ev.TURN,
             fields,
             turn_index=self.turn_index,
-            policy_version=int(policy_version),
+            policy_version=None if policy_version is None else int(policy_version),
             input_token_ids=appended,
             input_is_full=drift,
             output_token_ids=output,
@@ -240,22 +258,33 @@ class TrajectoryRecorder:
         **fields: Any,
     ) -> None:
         """Record the end of the trajectory and publish everything still pending."""
-        self._emit(
-            ev.TRAJECTORY_FINISHED,
-            fields,
-            status=status,
-            failure_origin=failure_origin,
-            failure_label=failure_label,
-            message=message,
-        )
-        self.finished = True
-        self.flush()
+        with self._lock:
+            self._emit(
+                ev.TRAJECTORY_FINISHED,
+                fields,
+                status=status,
+                failure_origin=failure_origin,
+                failure_label=failure_label,
+                message=message,
+            )
+            self.finished = True
+            self.recorder._closed(self)
+            self.flush()
+
+    def interrupt(self, why: str) -> bool:
+        """Finish the trajectory as cut short by the system (`error`, `infra`); False if it had ended."""
+        with self._lock:
+            if self.finished:
+                return False
+            self.finish("error", failure_origin="system", failure_label="infra", message=why[:2000])
+            return True
 
     def flush(self) -> None:
         """Publish pending events as one message."""
-        if self._pending:
-            pending, self._pending = self._pending, []
-            self.recorder.bus.publish(pending)
+        with self._lock:
+            if self._pending:
+                pending, self._pending = self._pending, []
+                self.recorder.bus.publish(pending)
 
     def __enter__(self) -> TrajectoryRecorder:
         return self
@@ -266,13 +295,20 @@ class TrajectoryRecorder:
         if exc is None:
             self.flush()
             return
+        if isinstance(exc, KeyboardInterrupt):  # SIGINT/SIGTERM (`shutdown.StopRequested`), not the harness
+            self.interrupt(stopped_message(getattr(exc, "name", "SIGINT")))
+            return
         # A crash in the harness is the system's fault, never the model's: record it as such.
         message = f"{type(exc).__name__}: {exc}"[:2000]
         self.finish("error", failure_origin="system", failure_label="harness_behavior", message=message)
 
 
 class Recorder:
-    """Starts trajectories of one run and writes their events to a `Publisher` (a bus)."""
+    """Starts trajectories of one run and writes their events to a `Publisher` (a bus).
+
+    `handle_signals`: install the stop handlers (`trajlake.ingest.shutdown`), which finish the
+    open trajectories and flush the bus on SIGINT/SIGTERM.
+    """
 
     def __init__(
         self,
@@ -282,12 +318,18 @@ class Recorder:
         producer_id: str | None = None,
         vocab_size: int | None = None,
         flush_each_turn: bool = True,
+        handle_signals: bool = True,
     ) -> None:
         self.bus = bus
         self.run_id = run_id
         self.producer_id = producer_id or f"{socket.gethostname()}:{os.getpid()}"
         self.vocab_size = vocab_size
         self.flush_each_turn = flush_each_turn
+        self._open: weakref.WeakValueDictionary[str, TrajectoryRecorder] = weakref.WeakValueDictionary()
+        self._open_lock = threading.Lock()
+        shutdown.hold(self, shutdown.RECORD)
+        if handle_signals:
+            shutdown.install()
 
     def start(
         self,
@@ -309,6 +351,8 @@ class Recorder:
         traj = TrajectoryRecorder(
             self, trajectory_id or ev.new_event_id(), context_budget_tokens, self.vocab_size
         )
+        with self._open_lock:
+            self._open[traj.trajectory_id] = traj
         traj._emit(
             ev.TRAJECTORY_STARTED,
             fields,
@@ -325,6 +369,23 @@ class Recorder:
             attributes=attributes,
         )
         return traj
+
+    def settle(self, deadline: float) -> str | None:
+        """A stop: finish every open trajectory as interrupted and publish it (`shutdown.Holder`)."""
+        stop = shutdown.requested()
+        with self._open_lock:
+            open_ = list(self._open.values())
+        ended = sum(traj.interrupt(stopped_message(stop.name if stop else "a stop")) for traj in open_)
+        if not ended:
+            return None
+        return (
+            f"run {self.run_id}: recorded the {ended:,} open trajectories as ended by the stop "
+            "(status error, system failure infra)"
+        )
+
+    def _closed(self, traj: TrajectoryRecorder) -> None:
+        with self._open_lock:
+            self._open.pop(traj.trajectory_id, None)
 
     def policy_updated(
         self, version: int, step: int, checkpoint: str | None = None, metrics: Mapping[str, Any] | None = None

@@ -7,10 +7,11 @@ import signal
 import threading
 from typing import Any
 
-from trajlake.ingest.bus.kafka import KafkaBus
+from trajlake.ingest.bus.kafka_admin import KafkaAdmin
+from trajlake.ingest.bus.kafka_subscriber import KafkaSubscriber
 from trajlake.ingest.config import KafkaConfig
 from trajlake.ingest.metrics import SinkMetrics
-from trajlake.ingest.sink import DeltaSink, SinkConfig, SinkStats
+from trajlake.ingest.sink import DRAIN_TIMEOUT_S, DeltaSink, SinkConfig, SinkStats
 from trajlake.store.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -25,12 +26,16 @@ def run_ingest(
     log_interval_s: float = 10.0,
     metrics_host: str = "127.0.0.1",
     stop_event: threading.Event | None = None,
+    drain_timeout_s: float = DRAIN_TIMEOUT_S,
 ) -> SinkStats:
-    """Consume `kafka.topic` into the lake until SIGTERM/SIGINT, `stop_event`, or `until_idle_s` of quiet."""
+    """Consume `kafka.topic` into the lake until SIGTERM/SIGINT, `stop_event`, or, with `until_idle_s`,
+    until the lake holds the topic's end (`DrainIncomplete` if it cannot get there)."""
     stop = stop_event or threading.Event()
     restore = _on_signals(stop) if threading.current_thread() is threading.main_thread() else {}
+    with KafkaAdmin(kafka) as admin:  # created here, replicated as the cluster allows, never auto-created
+        admin.create_topic()
     lake = Lake(lake_root)
-    bus = KafkaBus(kafka)
+    bus = KafkaSubscriber(kafka)
     metrics: SinkMetrics | None = None
     try:
         delta_sink = DeltaSink(lake, bus, sink)
@@ -38,7 +43,9 @@ def run_ingest(
         log.info(
             "ingesting %s from %s into %s (group %s)", kafka.topic, kafka.bootstrap, lake.root, kafka.group_id
         )
-        delta_sink.run(until_idle_s=until_idle_s, stop_event=stop, on_tick=metrics.tick)
+        delta_sink.run(
+            until_idle_s=until_idle_s, stop_event=stop, on_tick=metrics.tick, drain_timeout_s=drain_timeout_s
+        )
         metrics.tick(force=True)
         return delta_sink.stats
     finally:

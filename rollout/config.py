@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from trajlake.schemas.settings import Settings
+from trajlake.common.settings import Settings, cli
 
 
 class _Config(Settings):
@@ -136,7 +136,12 @@ class LoadgenConfig(Settings):
     """Shape of the synthetic workload."""
 
     trajectories: int = Field(100, ge=1, description="Number of trajectories.")
-    run_id: str = Field("loadgen", min_length=1, description="Run id of every event.")
+    run_id: str = Field(
+        "loadgen",
+        min_length=1,
+        description="Run id of every event.",
+        json_schema_extra=cli(aliases=["--run-id"]),
+    )
     turns: int = Field(6, ge=1, description="Mean turns per trajectory.")
     max_turns: int = Field(32, ge=1, description="Turn limit (status max_turns when reached).")
     prompt_tokens: int = Field(512, ge=1, description="Mean prompt tokens.")
@@ -172,24 +177,29 @@ class LoadgenConfig(Settings):
 
 
 class ImportSettings(Settings):
-    """`trajlake import`: the run the imported trajectories go to."""
+    """`trajlake import`: the run the imported trajectories go to, and the version that made them."""
 
     run_id: str = Field(
         ...,
         min_length=1,
         validation_alias="TRAJLAKE_IMPORT_RUN_ID",
         description="run id the trajectories are stored under",
+        json_schema_extra=cli(aliases=["--run-id"]),
+    )
+    policy_version: int | None = Field(
+        None,
+        ge=0,
+        validation_alias="TRAJLAKE_IMPORT_POLICY_VERSION",
+        description="policy version of the imported turns whose source records none; unset: unknown "
+        "(stored as null, and the sampler leaves those trajectories out)",
     )
 
 
 class DoctorSettings(Settings):
-    """`trajlake doctor`: when a run is unhealthy, and how to print the report."""
+    """`trajlake doctor`: when a run is unhealthy, and the tokenizer that reads its text."""
 
     max_system_error_rate: float = Field(
         0.05, ge=0, le=1, description="exit 1 when the share of system failures is above this"
-    )
-    format: Literal["text", "json"] = Field(
-        "text", validation_alias="TRAJLAKE_DOCTOR_FORMAT", description="output format"
     )
     tokenizer: str | None = Field(
         None,
@@ -197,6 +207,33 @@ class DoctorSettings(Settings):
         description="tokenizer for the unprintable-text check: a local model or tokenizer directory, or a "
         "tokenizer.json (default: the run's recorded model)",
     )
+
+
+class RescoreSettings(Settings):
+    """`trajlake rescore`: which verifier judges which stored trajectories again (env TRAJLAKE_RESCORE_<FIELD>)."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_RESCORE_")
+
+    verifier: str = Field(
+        ...,
+        min_length=1,
+        description="the verifier: MODULE:FUNC (an importable module, or a path to a .py file) of a function "
+        "that takes a StoredTrajectory and returns a reward, a dict of its parts or a Score",
+        json_schema_extra=cli(metavar="MODULE:FUNC"),
+    )
+    verifier_version: str | None = Field(
+        None,
+        min_length=1,
+        description="the version its rewards are stored under (default: the function's `version` attribute, "
+        "else its name and a hash of its module's source)",
+    )
+    sql: str | None = Field(
+        None,
+        min_length=1,
+        description="only the trajectories this SELECT returns (it must return trajectory_id), e.g. "
+        "\"select trajectory_id from trajectories where task_id like 'count%'\"; default: every finished one",
+    )
+    batch: int = Field(500, ge=1, description="trajectories read, and rewards committed, at a time")
 
 
 class AgentLightningSettings(Settings):
@@ -217,3 +254,9 @@ class AgentLightningSettings(Settings):
     )
     page_size: int = Field(100, ge=1, le=1000, description="terminal rollouts read (and committed) per page")
     timeout_s: float = Field(30.0, gt=0, description="time for one request to the server")
+    progress_interval_s: float = Field(
+        30.0,
+        gt=0,
+        le=86400,
+        description="with --follow, print a progress line this often (on a pipe too, and while idle)",
+    )

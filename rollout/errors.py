@@ -1,4 +1,4 @@
-"""Domain errors of the rollout toolkit; each says whether a retry can help."""
+"""Domain errors of the rollout toolkit; an inference error says whether a retry can help."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from trajlake.schemas.errors import TrajlakeError
 
 class RolloutError(TrajlakeError, RuntimeError):
     """Base class of rollout toolkit errors."""
-
-    retryable = False
 
 
 class InferenceError(RolloutError):
@@ -39,10 +37,9 @@ class Cancelled(RolloutError):
 class SandboxError(RolloutError):
     """A sandbox could not be created, run a command, or be terminated."""
 
-    def __init__(self, message: str, *, stage: str, retryable: bool = True) -> None:
+    def __init__(self, message: str, *, stage: str) -> None:
         super().__init__(message)
         self.stage = stage
-        self.retryable = retryable
 
 
 class SandboxTimeout(SandboxError):

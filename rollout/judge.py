@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import httpx
 
+from trajlake.common.retry import backoff_delay, retry_after_s, retrying
 from trajlake.rollout.config import JudgeConfig
 from trajlake.rollout.errors import JudgeError
-from trajlake.schemas.retry import backoff_delay, retry_after_s, retrying
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from trajlake.ingest import codec
+from trajlake.ingest import codec, shutdown
 from trajlake.ingest.bus.base import Message, Publisher
+from trajlake.ingest.shutdown import StopRequested
 from trajlake.rollout.config import LoadgenConfig
 from trajlake.schemas import events as ev
 
@@ -30,13 +31,14 @@ SYSTEM_LABELS = ("infra", "env_dependency", "verifier_error", "harness_behavior"
 
 @dataclass
 class LoadgenCounts:
-    """What a run produced."""
+    """What a run produced (`stopped`: the signal that ended it early; every trajectory counted was published)."""
 
     events: int = 0
     trajectories: int = 0
     turns: int = 0
     tokens: int = 0
     messages: int = 0
+    stopped: StopRequested | None = None
 
 
 class TokenSampler:
@@ -236,7 +238,11 @@ def generate(
     on_trajectory: Callable[[int], None] | None = None,
     chunk: int = 500,
 ) -> LoadgenCounts:
-    """Write `config.trajectories` synthetic trajectories to `bus`; return what was produced."""
+    """Write `config.trajectories` synthetic trajectories to `bus`; return what was produced.
+
+    A stop signal (`shutdown.StopRequested`) ends the run between two trajectories: what was
+    generated is published, and the counts (with `stopped` set) say how much that was.
+    """
     rng = np.random.default_rng(config.seed)
     tokens = TokenSampler(config.vocab_size, config.zipf_a, rng)
     counts = LoadgenCounts()
@@ -245,25 +251,40 @@ def generate(
     per_version = max(1, config.trajectories // config.policy_versions)
     version = -1
     batch = _ColumnBatch(config.run_id, config.vocab_size)
-    for i in range(config.trajectories):
-        v = config.first_version + min(i // per_version, config.policy_versions - 1)
-        if v != version:
-            version = v
-            batch.policy_updated(version, step=version, checkpoint=f"ckpt/step-{version}")
-        group = i // config.group_size
-        _trajectory(
-            batch, config, rng, tokens, config.first_group + group, i % config.group_size, version,
-            difficulty[group], counts,
-        )  # fmt: skip
-        counts.trajectories += 1
-        if on_trajectory:
-            on_trajectory(i)
-        if len(batch.spans) >= chunk or i == config.trajectories - 1:
-            counts.events += batch.n
-            counts.messages += batch.publish(bus)
-            batch = _ColumnBatch(config.run_id, config.vocab_size)
-    bus.flush()
+    try:
+        for i in range(config.trajectories):
+            with shutdown.deferred():  # a trajectory is generated and counted whole
+                v = config.first_version + min(i // per_version, config.policy_versions - 1)
+                if v != version:
+                    version = v
+                    batch.policy_updated(version, step=version, checkpoint=f"ckpt/step-{version}")
+                group = i // config.group_size
+                _trajectory(
+                    batch, config, rng, tokens, config.first_group + group, i % config.group_size, version,
+                    difficulty[group], counts,
+                )  # fmt: skip
+                counts.trajectories += 1
+                if on_trajectory:
+                    on_trajectory(i)
+                if len(batch.spans) >= chunk:
+                    batch = _publish(batch, bus, counts)
+    except shutdown.StopRequested as stop:
+        counts.stopped = stop
+    try:
+        with shutdown.deferred():
+            _publish(batch, bus, counts)
+        bus.flush()  # a stop here leaves the rest to the bus's own stop: delivered or spooled
+    except shutdown.StopRequested as stop:
+        counts.stopped = stop
     return counts
+
+
+def _publish(batch: _ColumnBatch, bus: Publisher, counts: LoadgenCounts) -> _ColumnBatch:
+    """Send what `batch` holds and count it; return a fresh batch."""
+    if batch.n:
+        counts.events += batch.n
+        counts.messages += batch.publish(bus)
+    return _ColumnBatch(batch.run_id, batch.vocab_size)
 
 
 def _trajectory(

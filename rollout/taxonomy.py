@@ -1,4 +1,4 @@
-"""Failure taxonomy: every failure is the system's or the model's, with a label (DESIGN.md).
+"""Failure taxonomy: every failure is the system's or the model's, with a label (docs/design.md#failure-taxonomy).
 
 System failures (infra, harness bugs, broken verifiers, missing dependencies) are never
 trained as reward 0; model failures (context exhausted, max turns, wrong answers) are

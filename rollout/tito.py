@@ -15,7 +15,8 @@ closes its connection, and vLLM aborts a request whose client went away, freeing
 
     async with AsyncTitoClient(TitoConfig(base_url="http://127.0.0.1:8000", model="tiny")) as client:
         done = await client.complete(prompt_ids, max_tokens=256, seed=7)
-        traj.turn(done.output_token_ids, done.output_logprobs, done.policy_version or v,
+        served = v if done.policy_version is None else done.policy_version  # version 0 is a version
+        traj.turn(done.output_token_ids, done.output_logprobs, served,
                   full_input_token_ids=done.prompt_token_ids, finish_reason=done.finish_reason)
 """
 
@@ -31,9 +32,9 @@ from typing import Any, TypeVar
 
 import httpx
 
+from trajlake.common.retry import retry_after_s, retrying_async
 from trajlake.rollout.config import TitoConfig
 from trajlake.rollout.errors import Cancelled, InferenceError, InferenceResponseError
-from trajlake.schemas.retry import retry_after_s, retrying_async
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 TOKEN_ID_PREFIX = "token_id:"
@@ -67,7 +68,7 @@ class Completion:
         versions = [int(v) for v, _, _ in self.weight_versions if str(v).lstrip("-").isdigit()]
         return min(versions) if versions else None
 
-    def record(self, traj: Any, policy_version: int, **turn_fields: Any) -> bool:
+    def record(self, traj: Any, policy_version: int | None, **turn_fields: Any) -> bool:
         """Record this completion as a turn of `traj` (a `TrajectoryRecorder`); return drift."""
         return traj.turn(
             full_input_token_ids=self.prompt_token_ids,

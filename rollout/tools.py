@@ -21,10 +21,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trajlake.common.threads import run_in_thread
 from trajlake.rollout import taxonomy
 from trajlake.rollout.config import ToolRunnerConfig
 from trajlake.rollout.errors import SandboxError, SandboxTimeout
-from trajlake.schemas.threads import run_in_thread
 
 ToolStatus = Literal["ok", "error", "timeout"]
 

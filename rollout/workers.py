@@ -13,6 +13,7 @@ An exception inside an agent loop is classified by the taxonomy and recorded by 
 
 from __future__ import annotations
 
+import functools
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -136,6 +137,16 @@ def record_crash(recorder: Recorder, task: AgentTask, reason: str) -> None:
     traj.finish(f.status, failure_origin=f.origin, failure_label=f.label, message=reason[:2000])
 
 
+@functools.cache
+def _remote_agent_loop() -> Any:
+    """`run_agent_loop` as a Ray remote function, made once per process: each `ray.remote` is exported
+    to the cluster anew. No retries: a crash is recorded as such rather than silently re-run with new
+    samples."""
+    import ray
+
+    return ray.remote(max_retries=0)(run_agent_loop)
+
+
 class AgentPool:
     """Runs agent loops on the configured backend and publishes their events through `recorder`."""
 
@@ -175,9 +186,7 @@ class AgentPool:
         ):
             # harness code (a script, a test module) may not be importable in Ray's workers: ship it by value
             cloudpickle.register_pickle_by_value(module)
-        # no retries: a crash is recorded as such rather than silently re-run with new samples
-        remote = ray.remote(max_retries=0)(run_agent_loop)
-        refs = [remote.remote(agent, t, recorder.run_id, recorder.vocab_size) for t in tasks]
+        refs = [_remote_agent_loop().remote(agent, t, recorder.run_id, recorder.vocab_size) for t in tasks]
         outcomes = []
         for task, ref in zip(tasks, refs, strict=True):
             try:

@@ -1,4 +1,4 @@
-"""Event types, Arrow schemas and validation (pyarrow and numpy), and the settings base (pydantic only).
+"""Event types, Arrow schemas and validation (pyarrow and numpy), and the settings models (pydantic only).
 
 The event names load on first use, so `trajlake.schemas.settings` (imported by every command's
 argument parser) pulls in no pyarrow.

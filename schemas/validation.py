@@ -1,4 +1,4 @@
-"""Ingest-time invariants of DESIGN.md, checked on whole Arrow batches at once.
+"""Ingest-time invariants of docs/design.md#events, checked on whole Arrow batches at once.
 
 `validate(table)` returns the rows that pass and, for each row that fails, a reason that
 names the field, the offending value and the fix. Checks are vectorised with
@@ -7,7 +7,7 @@ names the field, the offending value and the fix. Checks are vectorised with
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +60,7 @@ def _first_bad(values: list[float | int], predicate: object) -> object:
     return next((v for v in values if predicate(v)), None)  # type: ignore[operator]
 
 
-def validate(table: pa.Table, known_seqs: Mapping[str, set[int]] | None = None) -> ValidationResult:
+def validate(table: pa.Table, known_seqs: Mapping[str, Collection[int]] | None = None) -> ValidationResult:
     """Check every invariant on a batch in `EVENTS_SCHEMA`.
 
     Args:
@@ -240,23 +240,22 @@ def _global_parents(col: pa.ChunkedArray) -> np.ndarray:
     return np.concatenate(parts) if parts else np.array([], dtype=np.int64)
 
 
-def _check_duplicate_seq(
-    table: pa.Table,
-    reasons: dict[int, list[str]],
-    known_seqs: Mapping[str, set[int]],
-) -> None:
-    """Reject a (trajectory, seq) seen earlier in the batch or already stored; the first one wins."""
+def repeated_seqs(
+    table: pa.Table, known_seqs: Mapping[str, Collection[int]], eligible: np.ndarray | None = None
+) -> np.ndarray:
+    """Rows of trajectory events whose (trajectory, seq) came earlier in `table` or is among
+    `known_seqs` (the first one wins), among the `eligible` rows (a mask; default: all)."""
     tid_col, seq_col = table.column("trajectory_id"), table.column("seq")
-    eligible = (
+    mask = (
         _np_bool(pc.is_in(table.column("event_type"), value_set=pa.array(sorted(TRAJECTORY_EVENT_TYPES))))
         & _np_bool(pc.is_valid(tid_col))
         & _np_bool(pc.is_valid(seq_col))
     )
-    if reasons:  # rows rejected already neither count as a first occurrence nor get a second reason
-        eligible[list(reasons)] = False
-    rows = np.flatnonzero(eligible)
+    if eligible is not None:
+        mask &= eligible
+    rows = np.flatnonzero(mask)
     if not rows.size:
-        return
+        return rows
     encoded = pc.dictionary_encode(tid_col.take(pa.array(rows))).combine_chunks()
     codes = encoded.indices.to_numpy()
     names = encoded.dictionary.to_pylist()
@@ -270,8 +269,21 @@ def _check_duplicate_seq(
         for j in np.flatnonzero(np.isin(codes, known_codes)):
             if int(seqs[j]) in known_seqs[names[codes[j]]]:
                 repeat[j] = True
-    for j in np.flatnonzero(repeat):
-        reasons.setdefault(int(rows[j]), []).append(
-            f"seq={int(seqs[j])} is a duplicate within trajectory {names[codes[j]]}; "
+    return rows[repeat]
+
+
+def _check_duplicate_seq(
+    table: pa.Table,
+    reasons: dict[int, list[str]],
+    known_seqs: Mapping[str, Collection[int]],
+) -> None:
+    """Reject a (trajectory, seq) seen earlier in the batch or already stored; the first one wins."""
+    eligible = np.ones(table.num_rows, dtype=bool)
+    if reasons:  # rows rejected already neither count as a first occurrence nor get a second reason
+        eligible[list(reasons)] = False
+    tid_col, seq_col = table.column("trajectory_id"), table.column("seq")
+    for row in repeated_seqs(table, known_seqs, eligible).tolist():
+        reasons.setdefault(row, []).append(
+            f"seq={seq_col[row].as_py()} is a duplicate within trajectory {tid_col[row].as_py()}; "
             "each event of a trajectory needs its own seq"
         )

@@ -19,7 +19,7 @@ It asserts, for every turn:
   Recorder reports no drift;
 - re-scoring the sampled ids with `prompt_logprobs` gives the sampled logprobs back, and (for a
   local model directory) a transformers forward pass agrees: mean absolute difference below
-  `--tolerance` (0.03, DESIGN.md's healthy bf16 train/inference mismatch; float32 on CPU: ~1e-6).
+  `--tolerance` (0.03, docs/design.md's healthy bf16 train/inference mismatch; float32 on CPU: ~1e-6).
 Then (local model directory) it updates the weights — `WeightSync.push` of a perturbed copy of
 the checkpoint (pause, in-place reload, reset prefix cache, new version label, resume), or with
 `--weight-transfer nccl` vLLM's own NCCL transfer (`/init_weight_transfer_engine`,

@@ -1,38 +1,31 @@
 #!/usr/bin/env bash
-# Start (or stop) the real servers the integration tests use: PostgreSQL, Apache Kafka and vLLM.
+# Start (or stop) the real servers the integration tests use: PostgreSQL, Apache Kafka, SeaweedFS (S3)
+# and vLLM.
 #
-#   eval "$(scripts/services.sh up VENV STATE_DIR)"   # exports TRAJLAKE_TEST_POSTGRES_URL, TRAJLAKE_KAFKA_BOOTSTRAP,
-#                                                     # TRAJLAKE_TEST_VLLM_* (a tiny model served by vLLM on CPU)
+#   eval "$(scripts/services.sh up VENV STATE_DIR)"   # exports TRAJLAKE_TEST_POSTGRES_URL, TRAJLAKE_TEST_KAFKA_BOOTSTRAP,
+#                                                     # TRAJLAKE_TEST_S3_DATA_DIR, TRAJLAKE_TEST_VLLM_* (a tiny
+#                                                     # model served by vLLM on CPU)
 #   scripts/services.sh down VENV STATE_DIR
 set -euo pipefail
 action=$1 venv=$2 state=$3
-pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
 
 free_port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-as_postgres() {
-  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
-}
-
 if [ "$action" = up ]; then
   mkdir -p "$state"
-  if [ -z "$pg_bin" ]; then
-    echo "PostgreSQL is not installed: run scripts/test.sh, which installs it (apt package postgresql)" >&2
-    exit 1
-  fi
-  pg_port=$(free_port)
-  pg_dir="$state/postgres"
-  rm -rf "$pg_dir" && mkdir -p "$pg_dir"
-  if [ "$(id -u)" = 0 ]; then chown postgres "$pg_dir"; chmod 700 "$pg_dir"; fi
-  as_postgres "$pg_bin/initdb" -D "$pg_dir/data" -U postgres -A trust --no-sync >/dev/null
-  as_postgres "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/log" -w \
-    -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $pg_dir -c fsync=off -c max_connections=200" start >&2
-  echo "export TRAJLAKE_TEST_POSTGRES_URL=postgresql+psycopg://postgres@127.0.0.1:$pg_port/postgres"
-  echo "export TRAJLAKE_TEST_PG_DATA=$pg_dir/data"
+  # PostgreSQL (initdb + pg_ctl, as the postgres user when run as root): trajlake.store.postgres_server
+  rm -rf "$state/postgres"
+  pg_url=$("$venv/bin/python" -c 'import sys; from pathlib import Path; from trajlake.store.postgres_server import start_postgres; print(start_postgres(Path(sys.argv[1]), int(sys.argv[2])))' "$state/postgres" "$(free_port)")
+  echo "export TRAJLAKE_TEST_POSTGRES_URL=$pg_url"
+  echo "export TRAJLAKE_TEST_PG_DATA=$state/postgres/data"
 
   kafka_port=$(free_port)
   "$venv/bin/trajlake" kafka up --port "$kafka_port" --data-dir "$state/kafka" >&2
-  echo "export TRAJLAKE_KAFKA_BOOTSTRAP=127.0.0.1:$kafka_port"
+  echo "export TRAJLAKE_TEST_KAFKA_BOOTSTRAP=127.0.0.1:$kafka_port"
+
+  # SeaweedFS, built from source with Go the first time (minutes; cached outside the checkout)
+  "$venv/bin/trajlake" s3 up --port "$(free_port)" --data-dir "$state/s3" --bucket "" >/dev/null
+  echo "export TRAJLAKE_TEST_S3_DATA_DIR=$state/s3"
 
   # vLLM in its own cached venv (installed on first use), serving a tiny model built here
   model_dir="$state/vllm-model"
@@ -46,7 +39,6 @@ if [ "$action" = up ]; then
 else
   "$venv/bin/trajlake" vllm down --state-dir "$state/vllm" >&2 || true
   "$venv/bin/trajlake" kafka down --data-dir "$state/kafka" >&2 || true
-  if [ -n "$pg_bin" ] && [ -d "$state/postgres/data" ]; then
-    as_postgres "$pg_bin/pg_ctl" -D "$state/postgres/data" -m immediate stop >&2 || true
-  fi
+  "$venv/bin/trajlake" s3 down --data-dir "$state/s3" >&2 || true
+  "$venv/bin/python" -c 'import sys; from trajlake.store.postgres_server import stop_postgres; stop_postgres(sys.argv[1], "immediate")' "$state/postgres" >&2 || true
 fi

@@ -35,8 +35,12 @@ trap cleanup EXIT
 eval "$(scripts/services.sh up "$venv" "$state")"
 
 export RAY_USAGE_STATS_ENABLED=0 PYTHONDONTWRITEBYTECODE=1
+# the docs site: a broken link, a missing page or an API docstring that does not resolve fails here
+# (`python -m`: run from bin/, mkdocstrings would take bin/trajlake, the console script, for the package)
+NO_MKDOCS_2_WARNING=1 "$venv/bin/python" -m mkdocs build --strict --quiet --site-dir "$state/site"
 status=0
-# one process (-n 0 over pyproject's worker per core): the integration tests share these servers
-"$venv/bin/python" -m pytest -p no:cacheprovider -n 0 "$@" || status=$?
+# every test (-m "" over tests/conftest.py's unit-tests-only default for a bare pytest), in one
+# process (-n 0 over pyproject's worker per core): the integration tests share these servers
+"$venv/bin/python" -m pytest -p no:cacheprovider -n 0 -m "" "$@" || status=$?
 if [ "$status" = 5 ]; then echo "pytest collected no tests: that is a failure" >&2; fi
 exit "$status"

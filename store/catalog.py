@@ -41,7 +41,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from trajlake.schemas.retry import retrying
+from trajlake.common.retry import retrying
+from trajlake.schemas.errors import TrajlakeError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = 7_305_221_001
@@ -139,9 +140,15 @@ def _normalise_url(url: str) -> str:
     return url
 
 
+class CatalogRefused(TrajlakeError, RuntimeError):
+    """The catalog's database refused this role an operation (a reader taking a lease)."""
+
+
 def _make_engine(url: str, busy_timeout_s: float) -> Engine:
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True, future=True)
+        engine = create_engine(url, pool_pre_ping=True, future=True)
+        event.listen(engine, "handle_error", _refused)
+        return engine
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": busy_timeout_s}, future=True)
@@ -163,6 +170,18 @@ def _make_engine(url: str, busy_timeout_s: float) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _refused(context: Any) -> None:
+    """Turn PostgreSQL's "permission denied" (SQLSTATE 42501) into a `CatalogRefused` naming the role."""
+    if getattr(context.original_exception, "sqlstate", None) == "42501":
+        user = context.engine.url.username
+        what = str(context.original_exception).splitlines()[0]
+        raise CatalogRefused(
+            f"the catalog refused role {user!r}: {what}; that role may not change the catalog (a "
+            "reader's reads only): taking leases and recording runs takes a role that may write (a "
+            "`trajlake stack`'s trainer role: TRAJLAKE_CATALOG_URL in its env/writer.env)"
+        )
 
 
 def upgrade(engine: Engine) -> None:

@@ -1,9 +1,10 @@
-"""Compaction: merge small files (optimize), delete unreferenced ones (vacuum, guarded), and
-checkpoint the Delta log of each table it changed; and the size tiers a sink merges after each
-commit (`merge_tiers`), so projections keep tens of files however many commits a run makes.
+"""Compaction: merge small files (optimize), rewrite files of a token layout the lake no longer
+writes (relayout), delete unreferenced ones (vacuum, guarded), and checkpoint the Delta log of
+each table it changed; and the size tiers a sink merges after each commit (`merge_tiers`), so
+projections keep tens of files however many commits a run makes.
 
-Merged files are written by the lake's own Parquet writer (so token payloads keep their
-compact layout) and committed with `dataChange=false` together with the removal of the
+Merged files are written by the lake's own Parquet writer (so token payloads keep the lake's
+layout) and committed with `dataChange=false` together with the removal of the
 files they replace, in one Delta commit. Projections advance on files added with
 `dataChange=true`, so they are never re-fed rows they already hold.
 """
@@ -13,9 +14,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake.store.errors import CommitConflict, LakeError
@@ -106,6 +108,31 @@ def merge_tiers(lake: Lake, name: str, fanin: int) -> tuple[int, int, int]:
             return removed, added, raced
 
 
+def relayout(lake: Lake, name: str) -> tuple[int, int, int]:
+    """Rewrite, one at a time, the files of `name` whose token lists are BYTE_STREAM_SPLIT while the
+    lake writes `portable` ones (files of a lake written before that was the default: Spark's
+    vectorized reader rejects them); return (files removed, files added, files raced)."""
+    from trajlake.store.files import numeric_lists
+    from trajlake.store.tables import SCHEMAS
+
+    if lake.config.token_layout != "portable" or not numeric_lists(SCHEMAS[name]):
+        return 0, 0, 0
+    fs, _ = lake.filesystem()
+    split = [(path, size) for path, size in _sizes(lake, name) if _splits_bytes(fs, path)]
+    return _merge_bins(lake, name, [[file] for file in split])
+
+
+def _splits_bytes(fs: Any, path: str) -> bool:
+    """Whether the Parquet file at `path` has a column chunk encoded BYTE_STREAM_SPLIT (read from its footer)."""
+    with fs.open_input_file(path) as f:
+        meta = pq.ParquetFile(f).metadata
+    return any(
+        "BYTE_STREAM_SPLIT" in meta.row_group(g).column(c).encodings
+        for g in range(meta.num_row_groups)
+        for c in range(meta.num_columns)
+    )
+
+
 def _sizes(lake: Lake, name: str) -> list[tuple[str, int]]:
     """(path, bytes) of the table's current files, in the order they were written."""
     files = lake.file_stats(name)
@@ -122,7 +149,7 @@ def _merge_bins(lake: Lake, name: str, bins: list[list[tuple[str, int]]]) -> tup
     A bin whose files another writer replaced while it was merged (`CommitConflict`) is left
     as the other writer made it: committing it would bring back rows already rewritten.
     """
-    from trajlake.store.lake import SCHEMAS
+    from trajlake.store.tables import SCHEMAS
 
     fs, root = lake.filesystem()
     removed = added = raced = 0
@@ -155,14 +182,17 @@ def compact(
     vacuum: bool = True,
 ) -> CompactionReport:
     """Optimize, then vacuum, each existing table."""
-    from trajlake.store.lake import TABLES
+    from trajlake.store.tables import TABLES
 
     check_retention(retention_hours, allow_short_retention)
     report = CompactionReport()
     for name in tables or TABLES:
         if not lake.exists(name):
             continue
-        report.files_removed[name], report.files_added[name], report.files_raced[name] = optimize(lake, name)
+        merged, relaid = optimize(lake, name), relayout(lake, name)
+        report.files_removed[name], report.files_added[name], report.files_raced[name] = (
+            a + b for a, b in zip(merged, relaid, strict=True)
+        )
         if vacuum:
             deleted = lake.delta(name).vacuum(
                 retention_hours=retention_hours,

@@ -13,6 +13,14 @@ class LakeError(TrajlakeError, RuntimeError):
         self.table_uri = table_uri
 
 
+class LakeNotFound(LakeError):
+    """A path that holds no lake, opened by a reader: `root` is where it looked."""
+
+    def __init__(self, message: str, *, root: str) -> None:
+        super().__init__(message, table_uri=root)
+        self.root = root
+
+
 class CommitConflict(LakeError):
     """Another writer committed first and the commit could not be retried; safe to redo."""
 
@@ -32,3 +40,12 @@ class TxnFenced(LakeError):
     ) -> None:
         super().__init__(message, table_uri=table_uri)
         self.stale = stale or {}
+
+
+class ProjectorFenced(LakeError):
+    """Another projector took over the lake's projections: this one must stop writing them."""
+
+
+class UnsafeStore(LakeError):
+    """The lake's object store accepts a second put-if-absent of one key: concurrent commits
+    would overwrite each other, so the lake refuses to write there."""

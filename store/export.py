@@ -64,7 +64,7 @@ class ExportReport:
 
 def export(lake: Lake, settings: ExportSettings, stream: TextIO | None = None) -> ExportReport:
     """Write the trajectories `settings.sql` selects under `settings.out`; progress goes to `stream`."""
-    from trajlake.schemas.terminal import Progress
+    from trajlake.common.terminal import Progress
 
     stream = stream or sys.stderr
     query = _statement(settings.sql)
@@ -72,6 +72,7 @@ def export(lake: Lake, settings: ExportSettings, stream: TextIO | None = None) -
     try:
         columns = cur.sql(query).columns
         keys = selection_keys(cur, query, columns)
+        query = by_labels(cur, query, keys, settings.with_labels, settings.without_labels)
         total = cur.sql(f"select count(*) from ({query}\n)").fetchall()[0][0]
         decoders = tokenizers(cur, query, keys, settings.tokenizer, stream)
         out = prepare_out(Path(settings.out), settings.force)
@@ -141,6 +142,32 @@ def selection_keys(cur: Any, query: str, columns: list[str]) -> list[str]:
             "add run_id to the query's columns so each row names one trajectory"
         )
     return ["trajectory_id"]
+
+
+def by_labels(
+    cur: Any, query: str, keys: list[str], with_labels: list[str], without_labels: list[str]
+) -> str:
+    """`query` keeping only the trajectories that carry a label of `with_labels` and none of `without_labels`
+    (specs `KEY` or `KEY=VALUE`, `store.labels.parse_specs`); the specs reach SQL as a registered table."""
+    from trajlake.store.labels import LabelError, parse_specs
+
+    try:
+        wanted, unwanted = parse_specs(with_labels), parse_specs(without_labels)
+    except LabelError as err:
+        raise ExportError(str(err)) from None
+    conditions = []
+    for name, specs, negate in (("with", wanted, ""), ("without", unwanted, "not ")):
+        if specs:
+            table = f"{HIDDEN}labels_{name}"
+            cur.register(table, pa.table({"key": [k for k, _ in specs], "value": [v for _, v in specs]},
+                                         schema=pa.schema([("key", pa.string()), ("value", pa.string())])))  # fmt: skip
+            conditions.append(
+                f"{negate}exists (select 1 from current_labels l join {table} s on l.key = s.key "
+                f"and (s.value is null or s.value = l.value) where {_on('l', keys)})"
+            )
+    if not conditions:
+        return query
+    return f"select q.* from ({query}\n) q where " + " and ".join(conditions)
 
 
 def _on(alias: str, keys: list[str]) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trajlake.schemas.terminal import json_default
+from trajlake.common.terminal import json_default
 from trajlake.store.tokenizer import Decoder
 
 MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
@@ -29,11 +29,8 @@ DATA_FILES = {
 """Output file names per format; `--force` removes files of these shapes and nothing else."""
 
 DATASET_CARD = """---
-configs:
-- config_name: default
-  data_files:
-  - split: train
-    path: data/train-*.parquet
+tags:
+- trajlake
 ---
 # Trajectories exported by trajlake export
 
@@ -42,6 +39,10 @@ Load with `datasets.load_dataset("{out}", split="train")`. `token_ids`, `logprob
 tokens); `messages`, where a tokenizer was found, is the same sequence as chat messages
 (role and content, without the chat template's markup).
 """
+"""The `hf` format's README.md. No `configs:` block: `datasets` names its cache after a `configs:`
+block's file patterns, never the files, so a later export under the same directory name would load
+the earlier one's cached rows; without it the cache key holds each file's path and mtime, and the
+split comes from the file names (`data/train-*.parquet`)."""
 
 
 def earlier_exports(out: Path) -> list[Path]:

@@ -7,7 +7,9 @@ same for a tiny policy and a large model:
 - entropy collapse: the trainer's entropy (else −mean sampled logprob) falls fast or far;
 - mismatch acceleration: train/inference logprob mismatch above its healthy level and growing
   by a factor per window;
-- reward–length: reward rising with output tokens or turns (length exploitation);
+- reward–length: reward rising with output length alone (length exploitation): tokens per turn,
+  compared among samples of one prompt that took as many turns, so an agent that learns to take
+  a step more (a tool call before the answer) is not mistaken for one padding its answers;
 - advantage drift: advantages no longer centred on 0, or their spread collapsing;
 - tool-error spikes: a window's tool error rate well above the run's earlier rate;
 - garbled output: turns repeating their own 4-grams (every turn: `turns.output_repetition`),
@@ -20,7 +22,6 @@ same for a tiny policy and a large model:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,9 +34,17 @@ OK, ALERT, NOT_RECORDED = "ok", "alert", "not recorded"
 STEP, VERSION = "step", "policy version"
 
 TRAINER_SQL = """
-select step, avg(entropy) as entropy, avg(mismatch) as mismatch
-from trainer_steps where run_id = $run group by step order by step
+with consumed as (select distinct step from batch_consumption where run_id = $run)
+select s.step, avg(s.entropy) filter (where c.step is not null or not exists (from consumed)) as entropy,
+  avg(s.mismatch) as mismatch
+from trainer_steps s left join consumed c on c.step = s.step
+where s.run_id = $run group by s.step order by s.step
 """
+"""The trainer's figures per step. `entropy` only of steps that took a new batch, when the run
+records what it consumed: a step that trains again on a batch it used (the overfit check) measures
+how well it fits that batch, not the policy's entropy. `mismatch` is the engine mismatch only
+(tokens of the weights the trainer held); the policy's drift (`trainer_steps.drift`) is no fault:
+training on older samples is what makes it."""
 
 ROLLOUT_ENTROPY_SQL = """
 select policy_version as x, -sum(sum_logprob) / nullif(sum(n_output_tokens), 0) as entropy
@@ -49,14 +58,28 @@ where run_id = $run and trainer_version is not null group by 1
 """
 
 REWARD_LENGTH_SQL = """
-select policy_version_min // $w * $w as start, count(*) as n, avg(reward) as reward,
-  avg(assistant_tokens) as tokens, avg(n_turns) as turns,
-  corr(reward, assistant_tokens) as corr_tokens, corr(reward, n_turns) as corr_turns
-from _t_trajectories
-where run_id = $run and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
-  and policy_version_min is not null
-group by start order by start
+with scored as (
+  select policy_version_min // $w * $w as start, coalesce(group_id, trajectory_id) as prompt, n_turns, reward,
+    assistant_tokens::double / n_turns as per_turn
+  from _t_trajectories
+  where run_id = $run and finished and reward is not null and coalesce(failure_origin, '') <> 'system'
+    and policy_version_min is not null and n_turns > 0
+), paired as (
+  select *, min(reward) over alike < max(reward) over alike as varies,
+    reward - avg(reward) over alike as reward_dev, per_turn - avg(per_turn) over alike as length_dev
+  from scored window alike as (partition by start, prompt, n_turns)
+)
+select start, count(*) as n, avg(reward) as reward, avg(per_turn) as tokens_per_turn, avg(n_turns) as turns,
+  count(*) filter (where varies) as n_alike,
+  sum(reward_dev * length_dev) filter (where varies) / nullif(sqrt(
+    sum(reward_dev * reward_dev) filter (where varies) * sum(length_dev * length_dev) filter (where varies)), 0)
+    as corr_alike
+from paired group by start order by start
 """
+"""Per window: reward, tokens per turn, and their correlation among like samples: the deviations of
+each from the mean of the samples of one prompt that took as many turns (a pooled within-stratum
+correlation over the strata whose rewards differ: a stratum scored alike says nothing about what
+the reward follows)."""
 
 ADVANTAGE_SQL = """
 select step // $w * $w as start, count(*) as n, count(advantage) as n_advantages,
@@ -231,7 +254,10 @@ def entropy_collapse(run: RunFigures) -> Signal:
     """Entropy falling faster than `entropy_drop_per_step` of the start per step, or below `entropy_floor`.
 
     The fall is the least-squares slope over a complete window; the run's last window, while
-    short of `window` steps, is judged on its level only.
+    short of `window` steps, is judged on its level only. After the first window, a steep slope
+    counts only when the window's mean also fell from the previous window's by at least half of
+    what that rate takes off in a window: per-step entropy of small batches is noisy, and a dip
+    within a window that leaves the level where it was is no collapse.
     """
     s = run.settings
     sig = Signal("entropy_collapse", "entropy collapse", STEP,
@@ -243,7 +269,8 @@ def entropy_collapse(run: RunFigures) -> Signal:
     if not points:
         sig.status, sig.note = NOT_RECORDED, "no entropy and no sampled logprobs recorded"
         return sig
-    base = None
+    base: float | None = None
+    previous: float | None = None
     windows = _windows(points, s.window)
     for start, pts in windows:
         mean = sum(y for _, y in pts) / len(pts)
@@ -254,12 +281,15 @@ def entropy_collapse(run: RunFigures) -> Signal:
         slope = _slope(pts) if complete else None
         drop = -slope / base if slope is not None and base > 0 else None
         level = mean / base if base > 0 else None
+        fell = (previous - mean) / base if previous is not None and base > 0 else None
         sig.windows.append({"start": start, "points": len(pts), "entropy": mean, "slope": slope,
-                            "drop_per_step": drop, "of_start": level})  # fmt: skip
-        if drop is not None and drop > s.entropy_drop_per_step:
+                            "drop_per_step": drop, "of_start": level, "fell": fell})  # fmt: skip
+        lasting = fell is None or fell >= s.entropy_drop_per_step * s.window / 2
+        if drop is not None and drop > s.entropy_drop_per_step and lasting:
             run.alert(sig, start, f"falling {drop:.0%} of the start ({base:.3g}) per step")
         elif level is not None and level < s.entropy_floor:
             run.alert(sig, start, f"mean {mean:.3g} is {level:.0%} of the start ({base:.3g})")
+        previous = mean
     return sig
 
 
@@ -284,23 +314,35 @@ def mismatch_acceleration(run: RunFigures) -> Signal:
 
 
 def reward_length(run: RunFigures) -> Signal:
-    """Reward correlated with output tokens (or turns) while they grow and reward rises."""
+    """Reward correlated with tokens per turn among like samples (one prompt, as many turns) while
+    tokens per turn grow and reward rises: reward that follows output length alone.
+
+    Length that comes with a different behaviour (more turns: a tool call before the answer) is
+    compared with its like only, so an agent learning to use a tool does not raise it.
+    """
     s = run.settings
     sig = Signal("reward_length", "reward–length correlation", VERSION,
-                 f"corr ≥ {s.reward_length_corr:g} with length +{s.length_growth:.0%} since the start")  # fmt: skip
+                 f"corr ≥ {s.reward_length_corr:g} with tokens per turn among samples of a prompt with as many "
+                 f"turns, tokens per turn +{s.length_growth:.0%} since the start")  # fmt: skip
     rows = [r for r in run.rows(REWARD_LENGTH_SQL, w=s.window) if r["n"] >= s.min_samples]
     if not rows:
         sig.status, sig.note = NOT_RECORDED, f"no window with {s.min_samples} scored trajectories"
         return sig
     base = rows[0]
     for r in rows:
-        sig.windows.append(r)
-        for length, label in (("tokens", "output tokens"), ("turns", "turns")):
-            corr, grown = r[f"corr_{length}"], _growth(r[length], base[length])
-            rising = r["reward"] > base["reward"] and corr is not None and corr >= s.reward_length_corr
-            if rising and grown is not None and grown >= s.length_growth:
-                run.alert(sig, r["start"], f"reward {r['reward']:.3g} (start {base['reward']:.3g}) rises with "
-                          f"{label}: corr {corr:.2f}, {r[length]:.3g} {label} per trajectory (start {base[length]:.3g})")  # fmt: skip
+        grown = _growth(r["tokens_per_turn"], base["tokens_per_turn"])
+        sig.windows.append({**r, "growth": grown})
+        corr = r["corr_alike"]
+        judged = r["n_alike"] >= s.min_samples and corr is not None and grown is not None
+        if (
+            judged
+            and r["reward"] > base["reward"]
+            and corr >= s.reward_length_corr
+            and grown >= s.length_growth
+        ):
+            run.alert(sig, r["start"], f"reward {r['reward']:.3g} (start {base['reward']:.3g}) rises with tokens per "
+                      f"turn among like samples: corr {corr:.2f} over {r['n_alike']}, {r['tokens_per_turn']:.3g} "
+                      f"tokens per turn (start {base['tokens_per_turn']:.3g})")  # fmt: skip
     return sig
 
 
@@ -457,7 +499,3 @@ def render_health(report: HealthReport) -> list[str]:
             detail = f"threshold: {sig.threshold}" + (f" ({sig.note})" if sig.note else "")
         lines.append(f"  {sig.title:<26} {sig.status.upper() if sig.alert else sig.status:<13} {detail}")
     return lines + [f"  ALERT {a.message}" for a in report.alerts]
-
-
-def health_json(report: HealthReport) -> str:
-    return json.dumps(report.as_dict(), default=str, indent=2)

@@ -1,5 +1,5 @@
-"""Projections: `trajectories`, `turns`, `tool_calls`, `policy_versions` and `batch_consumption`,
-each a pure function of `events`.
+"""Projections: `trajectories`, `turns`, `tool_calls`, `policy_versions`, `batch_consumption` and
+`rewards`, each a pure function of `events`.
 
 Each projection table records, as a Delta `txn` action in the same commit as its rows, the
 `events` version it reflects (app id `trajlake-projection`). `catch_up` advances them from
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import json
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from trajlake.common.retry import retrying
 from trajlake.schemas.events import TOKEN_FIELDS
 from trajlake.schemas.fields import (
     FIELDS,
@@ -35,12 +35,12 @@ from trajlake.schemas.fields import (
     TRAJECTORY_STARTED,
     feeds_into,
 )
-from trajlake.schemas.retry import retrying
 from trajlake.schemas.tables import PROJECTION_TABLES, TABLE_SCHEMAS
-from trajlake.store.errors import CommitConflict, TxnFenced
-from trajlake.store.lake import SCHEMAS, _cast, _cores, summarized
-from trajlake.store.sql import connection
+from trajlake.store.errors import CommitConflict, ProjectorFenced, TxnFenced
+from trajlake.store.files import cores, summarized
+from trajlake.store.reads import connection
 from trajlake.store.summaries import SUMMARY_COLUMNS, is_summarized
+from trajlake.store.tables import SCHEMAS, conform
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -51,6 +51,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "trajectories": ("run_id", "trajectory_id"),
     "turns": ("run_id", "trajectory_id", "seq"),
     "tool_calls": ("run_id", "trajectory_id", "call_id"),
+    "rewards": ("run_id", "trajectory_id", "seq"),
 }
 
 REVISED = frozenset({"trajectories", "tool_calls"})
@@ -95,6 +96,12 @@ def _first(name: str, source: str | None) -> list[str]:
 
 def _last(name: str, source: str | None) -> list[str]:
     return [f"arg_max({name}, seq)"]
+
+
+def _last_event(name: str, source: str | None) -> list[str]:
+    """The field of the last event, null or not: a re-score that could not score leaves no valid reward,
+    never the previous verifier's (`arg_max` would pass over its null)."""
+    return [f"arg_max_null({name}, seq)"]
 
 
 def _from_cte(name: str, source: str | None) -> list[str]:
@@ -142,7 +149,9 @@ v as (
 ),
 t as (
   select run_id, trajectory_id, sum(n_turns) as n_turns,
-    min(policy_version) as policy_version_min, max(policy_version) as policy_version_max,
+    -- a turn of unknown version (null) leaves the trajectory's versions unknown: never as fresh as its others
+    case when count(*) filter (where policy_version is null) = 0 then min(policy_version) end as policy_version_min,
+    case when count(*) filter (where policy_version is null) = 0 then max(policy_version) end as policy_version_max,
     sum(n_output_tokens) as assistant_tokens, sum(prompt_tokens) as prompt_tokens, sum(env_tokens) as env_tokens,
     sum(sum_logprob) as sum_logprob, max(context_peak_fraction) as context_peak_fraction,
     sum(n_nudges) as n_nudges, sum(n_drift_turns) as n_drift_turns,
@@ -161,7 +170,7 @@ tc as (
   from tool_calls_rows group by all
 ),
 r as (
-  select run_id, trajectory_id, {fed("trajectories", _last, REWARD)}
+  select run_id, trajectory_id, {fed("trajectories", _last_event, REWARD)}
   from e where event_type = 'reward' group by all
 ),
 f as (
@@ -196,6 +205,11 @@ from e where event_type = 'policy_updated'
 BATCH_CONSUMPTION_SQL = f"""
 select run_id, event_time, {fed("batch_consumption")}
 from e where event_type = 'batch_consumed'
+"""
+
+REWARDS_SQL = f"""
+select run_id, trajectory_id, seq, event_time, {fed("rewards")}
+from e where event_type = 'reward'
 """
 
 SCALAR_COLUMNS = tuple(f.name for f in FIELDS if (f.projected or f.feeds) and not f.tokens)
@@ -240,6 +254,8 @@ def compute(
             out["policy_versions"] = con.sql(POLICY_VERSIONS_SQL).to_arrow_table()
         if "batch_consumption" in names:
             out["batch_consumption"] = con.sql(BATCH_CONSUMPTION_SQL).to_arrow_table()
+        if "rewards" in names:
+            out["rewards"] = con.sql(REWARDS_SQL).to_arrow_table()
         if events is not None:
             con.unregister("e")
         return {name: _sorted(name, _conform(name, table)) for name, table in out.items() if name in names}
@@ -262,21 +278,7 @@ def _sorted(name: str, table: pa.Table) -> pa.Table:
 
 def added_files(lake: Lake, after: int, upto: int) -> list[str] | None:
     """Paths of data files added to `events` by commits after..upto; None if the log is gone."""
-    fs, root = lake.filesystem()
-    paths: list[str] = []
-    for version in range(after + 1, upto + 1):
-        log = f"{root}/events/_delta_log/{version:020d}.json"
-        try:
-            with fs.open_input_stream(log) as f:
-                lines = f.read().decode().splitlines()
-        except FileNotFoundError:
-            return None
-        for line in lines:
-            action = json.loads(line)
-            add = action.get("add")
-            if add and add.get("dataChange", True):
-                paths.append(add["path"])
-    return paths
+    return lake.log.added_files("events", after, upto)
 
 
 def _scalars(read: Callable[[list[str]], pa.Table]) -> pa.Table:
@@ -304,7 +306,7 @@ def _events_row_groups(path: str, fs: pafs.FileSystem) -> Iterator[pa.Table]:
 
         def read(i: int, columns: list[str]) -> pa.Table:  # a column newer than the file reads as null
             group = parquet.read_row_group(i, columns=[c for c in columns if c in stored])
-            return _cast(group, pa.schema([SCHEMAS["events"].field(c) for c in columns]))
+            return conform(group, pa.schema([SCHEMAS["events"].field(c) for c in columns]))
 
         for i in range(parquet.num_row_groups):
             yield _scalars(functools.partial(read, i))
@@ -326,21 +328,40 @@ def _read_new_events(lake: Lake, paths: Iterable[str], known: Mapping[str, pa.Ta
     return pa.concat_tables(parts)
 
 
-def catch_up(lake: Lake, known: Mapping[str, pa.Table] | None = None) -> int:
+def catch_up(
+    lake: Lake,
+    known: Mapping[str, pa.Table] | None = None,
+    fence: Mapping[str, int] | None = None,
+    on_retry: Callable[[], None] | None = None,
+) -> int:
     """Bring every projection up to the current `events` version; return that version.
 
     Args:
         lake: the lake.
         known: events files this process just wrote, by relative path, to skip reading them back.
+        fence: `txn` app id -> version every projection commit expects (a projector's epoch);
+            `ProjectorFenced` once one moved on.
+        on_retry: called each time another writer moved a position and the catch-up starts over.
     """
     upto = lake.version("events")
     if upto < 0:
         return upto
-    # TxnFenced: another sink advanced a projection meanwhile; start again from its position
+    fence = dict(fence or {})
+
+    def moved(err: BaseException) -> bool:
+        if not isinstance(err, TxnFenced):
+            return False
+        if fence.keys() & err.stale.keys():
+            raise ProjectorFenced(str(err), table_uri=err.table_uri) from None
+        if on_retry is not None:
+            on_retry()
+        return True
+
+    # a position moved: another writer advanced a projection meanwhile; start again from it
     try:
-        for attempt in retrying(retry_on=TxnFenced, attempts=100):
+        for attempt in retrying(retry_on=moved, attempts=100):
             with attempt:
-                _catch_up_once(lake, upto, known or {})
+                _catch_up_once(lake, upto, known or {}, fence)
     except TxnFenced:
         raise CommitConflict(
             "projections kept losing races with other writers", table_uri=lake.uri("trajectories")
@@ -348,7 +369,7 @@ def catch_up(lake: Lake, known: Mapping[str, pa.Table] | None = None) -> int:
     return upto
 
 
-def _catch_up_once(lake: Lake, upto: int, known: Mapping[str, pa.Table]) -> None:
+def _catch_up_once(lake: Lake, upto: int, known: Mapping[str, pa.Table], fence: Mapping[str, int]) -> None:
     positions = {name: lake.txn_version(name, APP_ID) for name in PROJECTION_TABLES}
     for after in sorted({-1 if p is None else p for p in positions.values()}):
         if after >= upto:
@@ -356,15 +377,17 @@ def _catch_up_once(lake: Lake, upto: int, known: Mapping[str, pa.Table]) -> None
         names = [n for n, p in positions.items() if (-1 if p is None else p) == after]
         paths = added_files(lake, after, upto)
         if paths is None:  # the log before `upto` was cleaned up: recompute from scratch
-            rebuild(lake, names)
+            rebuild(lake, names, fence)
             continue
         new = _read_new_events(lake, paths, known)
-        _apply(lake, names, new, upto, None if after < 0 else after)
+        _apply(lake, names, new, upto, None if after < 0 else after, fence)
 
 
-def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | None) -> None:
+def _apply(
+    lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | None, fence: Mapping[str, int]
+) -> None:
     txn = {APP_ID: upto}
-    expect = {APP_ID: after}  # several sinks may catch up at once: only one may store a range
+    expect = {APP_ID: after, **fence}  # only one writer may store a range, and only the projector holding it
     fresh_rows = compute(new)
     is_traj = pc.is_valid(new.column("trajectory_id"))
     ids = set(pc.filter(new.column("trajectory_id"), is_traj).to_pylist())
@@ -383,14 +406,14 @@ def _apply(lake: Lake, names: list[str], new: pa.Table, upto: int, after: int | 
             keep = pc.invert(pc.is_in(rows.column("trajectory_id"), pa.array(old)))
             rows = pa.concat_tables([rows.filter(keep), old_rows[name]])
             lake.upsert(name, rows, KEYS[name], txn, expect_txns=expect)
-        else:  # turns and trainer projections: one row per event, never revised
+        else:  # turns, rewards and trainer projections: one row per event, never revised
             actions = [lake.write_file(name, rows)] if rows.num_rows else []
             lake.commit(name, actions, txn, expect_txns=expect)
 
     # each table is its own Delta transaction with its own position, so they are written and
     # committed side by side (pyarrow and delta-rs release the GIL); one that is fenced raises
     # here, and the next attempt skips the tables that committed
-    with ThreadPoolExecutor(min(len(names), _cores())) as pool:
+    with ThreadPoolExecutor(min(len(names), cores())) as pool:
         list(pool.map(store, names))
 
 
@@ -398,7 +421,9 @@ REBUILD_BUCKET_EVENTS = 1_000_000
 """About how many events `rebuild` projects at once: what bounds its memory on a lake of any size."""
 
 
-def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, int]:
+def rebuild(
+    lake: Lake, names: Iterable[str] = PROJECTION_TABLES, fence: Mapping[str, int] | None = None
+) -> dict[str, int]:
     """Recreate projections from all of `events`; return rows per table.
 
     Memory stays bounded however large the lake is. Each events file is read once, a row group
@@ -441,7 +466,7 @@ def rebuild(lake: Lake, names: Iterable[str] = PROJECTION_TABLES) -> dict[str, i
     finally:
         con.close()
     for name in names:
-        lake.commit(name, adds[name], {APP_ID: max(upto, -1)}, mode="overwrite")
+        lake.commit(name, adds[name], {APP_ID: max(upto, -1)}, mode="overwrite", expect_txns=fence or None)
     return counts
 
 

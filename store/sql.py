@@ -16,19 +16,21 @@ file outside the lake and reach no network.
 
 from __future__ import annotations
 
-import functools
 import re
 import threading
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
+from trajlake.schemas.tables import CURRENT_LABELS_SQL
 from trajlake.store.errors import ReadOnlyQueryError
+from trajlake.store.reads import Params, TableSource, Within, connection, files_within, register_tables, tune
+from trajlake.store.reads import placeholders as placeholders  # the SQL helper callers import from here
+from trajlake.store.tables import TABLES
 
-if TYPE_CHECKING:
-    from trajlake.store.lake import Lake
+# imported here, not in `detokenize`: DuckDB runs it on its own threads (the module is light)
+from trajlake.store.tokenizer import TokenizerNotFound, find_decoder
 
 ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
@@ -74,8 +76,36 @@ VIEWS = {
 }
 
 
-SCALAR_SCHEMA = "_scalar"
+INTERNAL_SCHEMA = "trajlake_internal"
+"""The schema of a query engine's internal relations: the stored tables (`_t_<table>`) and the
+token views the `trajectories` and `turns` views join. On every cursor's search path, so queries
+name `_t_<table>` as they would in `main`; `SHOW TABLES` lists `main` alone: the lake's tables."""
+
+SCALAR_SCHEMA = "trajlake_internal_scalar"
+DERIVED_VIEWS = {"current_labels": CURRENT_LABELS_SQL.format(table="_t_labels")}
+"""Views over the tables that users query by name besides them (`show tables` lists them too)."""
 """The schema of the token-free `trajectories` and `turns` views (see `QueryEngine.sql`)."""
+
+SEARCH_PATH = f"main,{INTERNAL_SCHEMA}"
+SCALAR_SEARCH_PATH = f"{SCALAR_SCHEMA},{SEARCH_PATH}"
+
+
+def lists_tables(query: str) -> bool:
+    """Whether `query` is `SHOW TABLES`, which DuckDB answers from every schema on the search path."""
+    try:
+        words = [query[start:].split(None, 1)[0].lower() for start, _ in duckdb.tokenize(query)]
+    except Exception:
+        return False
+    return [w.rstrip(";") for w in words if w != ";"] == ["show", "tables"]
+
+
+def describes(query: str) -> bool:
+    """Whether `query` is DESCRIBE, SHOW or SUMMARIZE: about the tables users see, token columns too."""
+    try:
+        first = duckdb.tokenize(query)[0][0]
+    except Exception:
+        return False
+    return query[first:].split(None, 1)[0].lower() in ("describe", "show", "summarize")
 
 
 def names_tokens(query: str, token_columns: frozenset[str]) -> bool:
@@ -104,199 +134,7 @@ def names_tokens(query: str, token_columns: frozenset[str]) -> bool:
     return False
 
 
-Params = Sequence[Any] | Mapping[str, Any] | None
-"""DuckDB parameters: values for `?` placeholders in order, or for `$name` placeholders by name."""
-
-Within = tuple[str, Any, Any]
-"""(column, lo, hi): read only the files whose Delta statistics may hold a `column` value in [lo, hi]."""
-
-
-def placeholders(n: int) -> str:
-    """`?, ?, ?` for an `IN (...)` list of `n` values passed as parameters."""
-    return ", ".join("?" * n)
-
-
-def _file_list(paths: Sequence[str]) -> str:
-    """A DuckDB list of file paths for view DDL, which DuckDB cannot take parameters in."""
-    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
-
-
-_shared: duckdb.DuckDBPyConnection | None = None
-_shared_lock = threading.Lock()
-
-
-def connection() -> duckdb.DuckDBPyConnection:
-    """A new DuckDB connection for the lake's own trusted work (projections, `Lake.read`).
-
-    Opening a DuckDB database costs 20-250 ms (it starts its thread pool; the most on a busy
-    machine), a connection to an open one microseconds, and projections run on every sink
-    commit. So these are cursors on one in-memory database per process. Registered objects
-    and temp views belong to one connection: callers do not see each other's. Close it when
-    done.
-    """
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = duckdb.connect()
-            _shared.execute("set threads to 2")
-        return _shared.cursor()
-
-
-def register_tables(
-    con: duckdb.DuckDBPyConnection,
-    lake: Lake,
-    names: Sequence[str],
-    datasets: dict[str, Any] | None = None,
-    temp: bool = False,
-    files: Mapping[str, Sequence[str]] | None = None,
-    filename: bool = False,
-) -> None:
-    """(Re)create a raw `_t_<name>` view per table over its current files.
-
-    On object storage the files are read through a pyarrow dataset registered as `_d_<name>`;
-    registered objects belong to one connection, so they are also kept in `datasets` for
-    cursors to register again. With `temp`, the views are the connection's own (a
-    `connection()` shares its database with others); without, its cursors see them. `files`
-    narrows a table's view to some of its current files (`Lake.files_within`). With `filename`,
-    a local table's view ends with DuckDB's `filename` column: the file each row is from.
-    """
-    view = "temp view" if temp else "view"
-    statements = []  # run as one script: DuckDB takes 8 views in one call in 2/3 of the time of 8 calls
-    for name in names:
-        files_of = list(files[name]) if files and name in files else lake.files(name)
-        if not lake.is_local and files_of:
-            import pyarrow.dataset as ds
-
-            fs, _ = lake.filesystem()
-            paths = [f.split("://", 1)[1] for f in files_of]
-            from trajlake.store.lake import SCHEMAS
-
-            # the full schema: files older than a column read it as null
-            dataset = ds.dataset(paths, filesystem=fs, format="parquet", schema=SCHEMAS[name])
-            con.register(f"_d_{name}", dataset)
-            if datasets is not None:
-                datasets[f"_d_{name}"] = dataset
-            source = f"select * from _d_{name}"
-        elif files_of:
-            source = _select_files(con, lake, name, files_of, temp, filename)
-        else:
-            source = _no_rows(name)
-        statements.append(f"create or replace {view} _t_{name} as {source}")
-    if statements:
-        con.execute(";\n".join(statements))
-
-
-@functools.cache
-def _no_rows(name: str) -> str:
-    """A query of no rows with the columns of table `name`, typed as DuckDB reads its Arrow schema.
-
-    Plain SQL, so a view over it costs no Arrow table copied into each engine's database (3-5 ms
-    a table when an engine opens on a lake that has not written it yet).
-    """
-    from trajlake.store.lake import SCHEMAS
-
-    con = connection()
-    try:
-        con.register("_schema", SCHEMAS[name].empty_table())
-        columns = con.execute("describe _schema").fetchall()
-    finally:
-        con.close()
-    return "select " + ", ".join(f'null::{type_} as "{column}"' for column, type_, *_ in columns) + " limit 0"
-
-
-def _arrow_table(con: duckdb.DuckDBPyConnection, name: str, data: pa.Table, temp: bool) -> None:
-    """`data` as relation `name`: the connection's own, or a table its cursors see too.
-
-    Cursors (QueryEngine.cursor) do not see Arrow objects registered on the parent connection,
-    so for them it is copied into an in-memory table.
-    """
-    if temp:
-        con.register(name, data)
-        return
-    con.execute(f"drop table if exists {name}")
-    con.from_arrow(data).create(name)
-
-
-def _select_files(
-    con: duckdb.DuckDBPyConnection,
-    lake: Lake,
-    name: str,
-    files: Sequence[str],
-    temp: bool,
-    filename: bool = False,
-) -> str:
-    """A query over local Parquet files of `name` with every column of its schema (and the file
-    of each row as `filename`, when asked).
-
-    Columns the stored table lacks (a lake from before a field existed) read as null; once
-    a table has gained columns, its files are read by column name, older ones without them.
-    """
-    from trajlake.store.lake import SCHEMAS
-
-    schema = SCHEMAS[name]
-    stored = set(lake.stored_columns(name))
-    mixed = lake.may_mix_schemas(name)
-    options = (", union_by_name = true" if mixed else "") + (", filename = true" if filename else "")
-    source = f"read_parquet({_file_list(files)}{options})"
-    missing = [f for f in schema if f.name not in stored]
-    if not missing and not mixed:
-        return f"select * from {source}"
-    if missing:  # one row of typed nulls, joined on: a cast for every Arrow type, done by DuckDB
-        _arrow_table(con, f"_nulls_{name}", pa.table({f.name: pa.nulls(1, f.type) for f in missing}), temp)
-        source += f", _nulls_{name}"
-    columns = [*schema.names, *(["filename"] if filename else [])]
-    return "select " + ", ".join(f'"{c}"' for c in columns) + f" from {source}"
-
-
-def read_files(
-    lake: Lake,
-    name: str,
-    columns: Sequence[str] | None,
-    where: str | None,
-    params: Params = None,
-    files: Sequence[str] | None = None,
-    select: str | None = None,
-    by_file: bool = False,
-) -> pa.Table:
-    """Internal read of one stored table, or of some of its `files` (trusted SQL: no read-only
-    guard); values go in `params`. `select` replaces `columns` with SQL expressions; with
-    `by_file`, its aggregates are taken per file, their `uri` first: a row per file with rows
-    (a file without may have one too)."""
-    if select is not None and columns is not None:
-        raise TypeError("read_files takes columns or select, not both")
-    if by_file:
-        if select is None:
-            raise TypeError("read_files(by_file=True) takes aggregates in `select`")
-        files = list(files) if files is not None else lake.files(name)
-        if not files or not lake.is_local:  # a dataset's rows do not tell their file
-            return _aggregate_each_file(lake, name, where, params, files, select)
-    con = connection()
-    try:
-        files_of = None if files is None else {name: files}
-        register_tables(con, lake, [name], temp=True, files=files_of, filename=by_file)
-        cols = select or (", ".join(f'"{c}"' for c in columns) if columns else "*")
-        query = f"select {'filename as uri, ' if by_file else ''}{cols} from _t_{name}"
-        query += (f" where {where}" if where else "") + (" group by filename" if by_file else "")
-        return con.sql(query, params=params).to_arrow_table()
-    finally:
-        con.close()
-
-
-def _aggregate_each_file(
-    lake: Lake, name: str, where: str | None, params: Params, uris: list[str], select: str
-) -> pa.Table:
-    """`read_files(by_file=True)` as one read of each file: an aggregate gives one row a file."""
-    parts = [
-        read_files(lake, name, None, where, params, [uri], select).add_column(0, "uri", pa.array([uri]))
-        for uri in uris
-    ]
-    if not parts:
-        empty = read_files(lake, name, None, "false", None, [], select).slice(0, 0)
-        parts = [empty.add_column(0, "uri", pa.array([], pa.string()))]
-    return pa.concat_tables(parts)
-
-
-def read_trajectory(lake: Lake, trajectory_id: str, run_id: str | None = None) -> pa.Table:
+def read_trajectory(lake: TableSource, trajectory_id: str, run_id: str | None = None) -> pa.Table:
     """One trajectory as the `trajectories` view gives it (its scalars, `token_ids`, `logprobs`,
     `loss_mask`), read from only the files whose Delta statistics may hold its id.
 
@@ -313,7 +151,7 @@ def read_trajectory(lake: Lake, trajectory_id: str, run_id: str | None = None) -
         con.execute("set parquet_metadata_cache = true")
         names = ("trajectories", "events")
         files = {
-            name: lake.files_within(name, "trajectory_id", trajectory_id, trajectory_id) for name in names
+            name: files_within(lake, name, "trajectory_id", trajectory_id, trajectory_id) for name in names
         }
         register_tables(con, lake, names, temp=True, files=files)
         con.execute("create or replace temp view _trajectory_tokens as " + TRAJECTORY_TOKENS_SQL)
@@ -333,9 +171,7 @@ class QueryEngine:
     tokenizer: str | None = None
     """A tokenizer directory that `detokenize()` uses whatever model a row names."""
 
-    def __init__(self, lake: Lake) -> None:
-        from trajlake.store.lake import TABLES
-
+    def __init__(self, lake: TableSource) -> None:
         self.lake = lake
         self.tables = TABLES
         self._lock = threading.Lock()
@@ -345,17 +181,22 @@ class QueryEngine:
             tuple[Any, ...], list[str] | None
         ] = {}  # (table, version, column, lo, hi) -> files
         self.con = duckdb.connect()
-        self.con.execute("set threads to 2")
+        tune(self.con)
         # Delta never rewrites a file in place, so a file's footer, once read, holds for the
         # engine's life: a point lookup on 355 files otherwise reads all 355 footers every time
         self.con.execute("set global parquet_metadata_cache = true")
+        self.con.execute(f"create schema {INTERNAL_SCHEMA}; create schema {SCALAR_SCHEMA}")
+        self.con.execute(f"set search_path = '{SEARCH_PATH}'")  # the views bind their relations there
         self._refresh(force=True)
         views = [
-            "create or replace view _trajectory_tokens as " + TRAJECTORY_TOKENS_SQL,
-            "create or replace view _turn_tokens as " + TURN_TOKENS_SQL,
-            *(f"create or replace view {n} as {VIEWS.get(n, f'select * from _t_{n}')}" for n in self.tables),
-            f"create schema {SCALAR_SCHEMA}",
-            *(f"create view {SCALAR_SCHEMA}.{n} as select * from main._t_{n}" for n in VIEWS),
+            f"create or replace view {INTERNAL_SCHEMA}._trajectory_tokens as " + TRAJECTORY_TOKENS_SQL,
+            f"create or replace view {INTERNAL_SCHEMA}._turn_tokens as " + TURN_TOKENS_SQL,
+            *(
+                f"create or replace view main.{n} as {VIEWS.get(n, f'select * from _t_{n}')}"
+                for n in self.tables
+            ),
+            *(f"create view {SCALAR_SCHEMA}.{n} as select * from _t_{n}" for n in VIEWS),
+            *(f"create or replace view main.{n} as {sql}" for n, sql in DERIVED_VIEWS.items()),
         ]
         self.con.execute(";\n".join(views))
         self.token_columns = _token_columns(self.con)
@@ -373,10 +214,10 @@ class QueryEngine:
         current = {name: self.lake.version(name) for name in self.tables}
         stale = [n for n in self.tables if force or current[n] != self._versions.get(n)]
         if stale:
-            register_tables(self.con, self.lake, stale, self._datasets)
+            register_tables(self.con, self.lake, stale, self._datasets, schema=INTERNAL_SCHEMA)
             self._versions.update(current)
 
-    def cursor(self, tokens: bool = True) -> duckdb.DuckDBPyConnection:
+    def cursor(self, tokens: bool = True, search_path: str | None = None) -> duckdb.DuckDBPyConnection:
         """A connection for one thread, over up-to-date views; without `tokens`, `trajectories`
         and `turns` are their stored scalar columns alone (no join with `events`)."""
         with self._lock:
@@ -384,8 +225,7 @@ class QueryEngine:
             cur = self.con.cursor()
             for name, dataset in self._datasets.items():
                 cur.register(name, dataset)
-        if not tokens:
-            cur.execute(f"set search_path = '{SCALAR_SCHEMA},main'")
+        cur.execute(f"set search_path = '{search_path or (SEARCH_PATH if tokens else SCALAR_SEARCH_PATH)}'")
         return cur
 
     def sql(self, query: str, params: Params = None, within: Within | None = None) -> pa.Table:
@@ -397,7 +237,10 @@ class QueryEngine:
         itself keep to that range, as a dashboard query of one run does with `run_id`.
         """
         check_read_only(query)
-        cur = self.cursor(tokens=names_tokens(query, self.token_columns))
+        if lists_tables(query):  # DuckDB lists each schema on the search path: the lake's are main's
+            cur = self.cursor(search_path="main")
+        else:  # DESCRIBE and SUMMARIZE show a table as users see it, with its token columns
+            cur = self.cursor(tokens=describes(query) or names_tokens(query, self.token_columns))
         try:
             if within is not None:
                 self._narrow(cur, query, within)
@@ -430,7 +273,7 @@ class QueryEngine:
             if key not in self._narrowed:
                 if len(self._narrowed) > 256:
                     self._narrowed.clear()
-                some = self.lake.files_within(name, column, lo, hi)
+                some = files_within(self.lake, name, column, lo, hi)
                 self._narrowed[key] = some if len(some) < self.lake.file_stats(name).num_rows else None
             narrowed = self._narrowed[key]
             if narrowed is not None:
@@ -442,8 +285,6 @@ class QueryEngine:
         """SQL's `detokenize(token_ids, model)`: the text of the ids (null for null ids)."""
         if token_ids is None:
             return None
-        from trajlake.store.tokenizer import find_decoder
-
         return find_decoder(model, self.tokenizer)(token_ids)
 
     def close(self) -> None:
@@ -468,8 +309,6 @@ def _token_columns(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
 
 def _raise_udf_error(err: Exception) -> None:
     """Raise detokenize()'s own error (it says the fix) instead of DuckDB's wrapper around it."""
-    from trajlake.store.tokenizer import TokenizerNotFound
-
     _, found, message = str(err).partition(f"{TokenizerNotFound.__name__}: ")
     if found:
         raise TokenizerNotFound(message.strip()) from None

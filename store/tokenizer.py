@@ -9,7 +9,6 @@ the Hugging Face cache. The browser, `trajlake export` and SQL's `detokenize()` 
 
 from __future__ import annotations
 
-import functools
 import itertools
 import re
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trajlake.common.threads import importing, once_per_key
 from trajlake.store.errors import LakeError
 
 PIECE_CONTEXT = 4
@@ -126,6 +126,13 @@ class Decoder:
             return str(self._backend.decode(list(ids), skip_special_tokens=False))
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
+    def batch(self, sequences: Sequence[Sequence[int]]) -> list[str]:
+        """The text of each id list, special tokens included; a fast tokenizer decodes them in one call,
+        on several threads."""
+        if self._backend is not None:
+            return list(self._backend.decode_batch([list(s) for s in sequences], skip_special_tokens=False))
+        return [self(s) for s in sequences]
+
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """Each token's own text, in order; joined they are the text of `ids`.
 
@@ -163,38 +170,45 @@ class Decoder:
         return text
 
 
-@functools.lru_cache(maxsize=16)
+@once_per_key(maxsize=16)
 def load_decoder(path: str) -> Decoder:
     """The decoder of a local model/tokenizer directory, a tokenizer.json file, or a cached model name.
 
-    Never downloads. Raises `TokenizerNotFound` (its message says why) when none loads."""
+    Never downloads. Raises `TokenizerNotFound` (its message says why) when none loads. Loaded
+    once per path however many threads ask (DuckDB runs `detokenize()` on several), and under
+    the import lock: transformers imports the tokenizer's classes on first use."""
     if not path:
         raise TokenizerNotFound("no model recorded")
-    if not (
-        Path(path).exists() or _in_hf_cache(path)
-    ):  # decided before transformers (and torch) load: seconds
-        raise TokenizerNotFound(f"{path} is neither a directory here nor a model in the Hugging Face cache")
+    with importing():  # huggingface_hub imports lazily too
+        # decided before transformers (and torch) load: seconds
+        if not (Path(path).exists() or _in_hf_cache(path)):
+            raise TokenizerNotFound(
+                f"{path} is neither a directory here nor a model in the Hugging Face cache"
+            )
+        return Decoder(_load_tokenizer(path), path)
+
+
+def _load_tokenizer(path: str) -> Any:
+    """The transformers tokenizer of `path` (a tokenizer.json file, or a directory or cached model name)."""
     try:
         import transformers
     except ImportError:
         raise TokenizerNotFound(
             "decoding tokens needs transformers; pip install 'trajlake[tokenizers]'"
         ) from None
-
     if Path(path).is_file():
         try:
-            return Decoder(transformers.PreTrainedTokenizerFast(tokenizer_file=path), path)
+            return transformers.PreTrainedTokenizerFast(tokenizer_file=path)
         except Exception as err:  # tokenizers raises its own untyped errors on a bad file
             raise TokenizerNotFound(f"{path} is not a tokenizer.json ({_first_line(err)})") from None
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as err:
         if Path(path).is_dir():
             raise TokenizerNotFound(f"{path} holds no tokenizer ({_first_line(err)})") from None
         raise TokenizerNotFound(
             f"{path} is neither a directory here nor a model in the Hugging Face cache"
         ) from None
-    return Decoder(tokenizer, path)
 
 
 def _in_hf_cache(name: str) -> bool:

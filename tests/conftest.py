@@ -21,6 +21,7 @@ pytest_plugins = [
         "tests.fixtures.postgres",
         "tests.fixtures.kafka",
         "tests.fixtures.s3",
+        "tests.fixtures.spark",
         "tests.fixtures.vllm",
         "tests.fixtures.agent_lightning",
         "tests.fixtures.verifiers_venv",
@@ -29,6 +30,14 @@ pytest_plugins = [
     )
     if (Path(__file__).parent / "fixtures" / (name.rsplit(".", 1)[1] + ".py")).exists()
 ]
+
+
+PRODUCT_KAFKA_ENV = ("TRAJLAKE_KAFKA", "TRAJLAKE_KAFKA_BOOTSTRAP")
+"""The product's Kafka variables. A shell pointed at a real cluster must never send it test topics:
+tests find their broker through TRAJLAKE_TEST_KAFKA_BOOTSTRAP alone (tests/fixtures/kafka.py), and
+these leave the environment of the tests and of every process they start."""
+for _name in PRODUCT_KAFKA_ENV:
+    os.environ.pop(_name, None)
 
 
 @pytest.fixture
@@ -89,6 +98,23 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_demo_lake(tmp_path_factory) -> Path:
+    """A shortened `trajlake demo --engine tiny` (runs `demo` and `demo-overfit`, seconds, no server)
+    in `<dir>/trajlake-data`, shared by the docs pages and the Spark tour: copy it before writing."""
+    import subprocess
+
+    def demo(root: Path) -> None:
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "trajlake"), "demo", "--engine", "tiny", "--no-ray", "--steps", "20",
+             "--overfit-tasks", "8", "--lake", str(root / "trajlake-data")],
+            capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "tiny-demo", demo) / "trajlake-data"
+
+
+@pytest.fixture(scope="session")
 def tokenizer(model_dir: Path):
     """The tiny model's tokenizer, loaded with transformers."""
     from transformers import AutoTokenizer
@@ -105,8 +131,31 @@ def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A bare `pytest` runs the unit tests alone (no servers): the integration tests run through
+    scripts/test.sh, which starts their servers and passes `-m ""`. Tests named on the command
+    line, or a `-m` given, run as asked."""
+    given = config.invocation_params.args
+    chose_marks = any(a == "-m" or (a.startswith("-m") and not a.startswith("--")) for a in given)
+    if not chose_marks and config.args_source != pytest.Config.ArgsSource.ARGS:  # no test named
+        config.option.markexpr = "not integration"
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Torch computes on one thread: the models are tiny, and xdist already runs a worker per core."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    """A failure is printed as it happens, not only in the summary: a run that a native crash ends
+    later (the whole suite runs in one process) still shows what failed before it."""
+    report = yield
+    terminal = item.config.pluginmanager.get_plugin("terminalreporter")
+    if report.failed and terminal is not None:
+        terminal.write_line("")
+        terminal.write_sep("!", f"FAILED {report.nodeid} ({report.when})")
+        terminal.write_line(str(report.longrepr)[-6000:])
+    return report

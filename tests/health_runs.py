@@ -3,6 +3,11 @@ through the real pipeline (Recorder → InProcessBus → DeltaSink) plus the tra
 
 Every run has STEPS steps; rollouts of policy version v are consumed by step v. A sick run is
 healthy until ONSET, which starts a window (windows of 5), so its alert must name ONSET.
+
+`learns-tools` is healthy the way the demo is: reward rises as the agent learns to call a tool
+(a long turn) before it answers, so reward rises with turns and output tokens, yet among samples
+that took as many turns it does not follow length. `tools-then-length` is the same run with a
+reward hack planted at ONSET: from there the reward follows the answer's length alone.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from trajlake.store.lake import Lake
 
 STEPS = 20
 ONSET = 10
-GROUPS, SAMPLES = 2, 4
+GROUPS, SAMPLES = 2, 8
 PATHOLOGIES = {
     "entropy": "entropy_collapse",
     "mismatch": "mismatch_acceleration",
@@ -31,8 +36,10 @@ PATHOLOGIES = {
     "no-signal": "advantage_drift",
     "tools": "tool_error_spike",
     "garbled": "garbled_output",
+    "tools-then-length": "reward_length",
 }
-"""Run id → the signal its pathology must raise (the healthy run is `healthy`)."""
+"""Run id → the signal its pathology must raise (the healthy runs are `healthy` and `learns-tools`)."""
+HEALTHY = ("healthy", "learns-tools")
 
 
 def build_health_lake(root: Path) -> Lake:
@@ -40,7 +47,7 @@ def build_health_lake(root: Path) -> Lake:
     lake = Lake(root)
     bus = InProcessBus(partitions=2)
     rows = []
-    for seed, run_id in enumerate(["healthy", "no-advantages", *PATHOLOGIES]):
+    for seed, run_id in enumerate([*HEALTHY, "no-advantages", *PATHOLOGIES]):
         rows += record_run(bus, run_id, seed)
     DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.0)
     lake.append("trainer_steps", pa.Table.from_pylist(rows, schema=TRAINER_STEPS_SCHEMA))
@@ -59,7 +66,11 @@ def record_run(bus: InProcessBus, run_id: str, seed: int) -> list[dict]:
         for group in range(GROUPS):
             rewards = []
             for sample in range(SAMPLES):
-                trajectory_id, reward = record_trajectory(rollouts, rng, step, group, sample, sick)
+                if run_id in ("learns-tools", "tools-then-length"):
+                    hacked = sick == "tools-then-length"
+                    trajectory_id, reward = record_tool_learner(rollouts, rng, step, group, sample, hacked)
+                else:
+                    trajectory_id, reward = record_trajectory(rollouts, rng, step, group, sample, sick)
                 ids.append(trajectory_id)
                 rewards.append(reward)
             advantages += group_advantages(rewards, sick)
@@ -91,6 +102,27 @@ def record_trajectory(
                 ok = rng.random() >= error_rate
                 traj.tool_result(call, "search", ok=ok, error_type=None if ok else "tool_error")
         reward = float(n_tokens > 90) if sick == "length" else float(rng.random() < 0.3)
+        traj.reward(reward)
+        traj.finish("completed")
+    return traj.trajectory_id, reward
+
+
+def record_tool_learner(
+    rec: Recorder, rng: random.Random, version: int, group: int, sample: int, hacked: bool
+) -> tuple[str, float]:
+    """An agent learning to call a tool (a 28–36-token turn) before a short answer, which is what
+    scores; `hacked`: the answer's length alone decides the reward."""
+    calls_tool = rng.random() < min(0.9, 0.1 + 0.05 * version)
+    answer = rng.randint(8, 60) if hacked else rng.randint(8, 12)
+    with rec.start(f"task-{group}", f"g{version}-{group}", sample, environment="synthetic") as traj:
+        for out_len, is_call in ([(rng.randint(28, 36), True)] if calls_tool else []) + [(answer, False)]:
+            out = [rng.randrange(2, 1000) for _ in range(out_len)]
+            traj.turn(out, [-rng.uniform(0.5, 1.5) for _ in out], version, input_token_ids=[1, 2, 3])
+            if is_call:
+                call = traj.tool_call("search", {"query": "q"})
+                ok = rng.random() >= 0.1
+                traj.tool_result(call, "search", ok=ok, error_type=None if ok else "tool_error")
+        reward = float(answer > 34) if hacked else float(rng.random() < (0.9 if calls_tool else 0.1))
         traj.reward(reward)
         traj.finish("completed")
     return traj.trajectory_id, reward

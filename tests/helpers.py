@@ -44,11 +44,11 @@ def started_event(run_id: str = "r", trajectory_id: str = "t", **overrides: Any)
 
 
 def trajlake(
-    *args: str, env: dict[str, str] | None = None, check: bool = True
+    *args: str, env: dict[str, str] | None = None, check: bool = True, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run the `trajlake` CLI in a subprocess, as a user would."""
     cmd = [sys.executable, "-c", "from trajlake.cli import run; run()", *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=cwd)
     if check and result.returncode != 0:
         raise AssertionError(
             f"trajlake {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
@@ -178,3 +178,25 @@ def age_log(log: Path, hours: float) -> None:
     then = time.time() - hours * 3600
     for entry in log.iterdir():
         os.utime(entry, (then, then))
+
+
+def tampered_copy(
+    root: Path, to: Path, table: str, column: str, change: Callable[[dict[str, Any]], Any]
+) -> Path:
+    """A copy of the lake at `root` whose `table` has `change(row)` as each row's `column` (the record doctored)."""
+    import shutil
+
+    import pyarrow as pa
+
+    from trajlake.store.lake import Lake
+
+    shutil.copytree(root, to)
+    lake = Lake(to)
+    try:
+        stored = lake.read(table)
+        field = stored.schema.field(column)
+        values = pa.array([change(row) for row in stored.to_pylist()], field.type)
+        lake.overwrite(table, stored.set_column(stored.schema.get_field_index(column), field, values))
+    finally:
+        lake.close()
+    return to

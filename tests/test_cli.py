@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 
 import pytest
 
 from tests.helpers import trajlake
+from trajlake.cli import build_parser, commands, main
 
 CONTRACT = ("demo", "loadgen", "sql", "rebuild", "compact", "kafka", "ingest", "import", "doctor", "metrics",
             "ablate", "select-overfit", "dashboard", "model", "vllm")  # fmt: skip
@@ -61,10 +64,68 @@ def test_options_read_environment_variables(tmp_path) -> None:
     assert (tmp_path / "envlake" / "events" / "_delta_log").is_dir()
 
 
+def _lake_access() -> dict[str, tuple[str | None, argparse.ArgumentParser]]:
+    """Every registered command with a --lake option: its declared access ("read", "write") and parser."""
+    return {
+        name: (sub.get_default("lake_access"), sub)
+        for name, sub in commands(build_parser())
+        if any(a.dest == "lake" for a in sub._actions)
+    }
+
+
+LAKE_ACCESS = _lake_access()
+READERS = [name for name, (access, _) in LAKE_ACCESS.items() if access in ("read", "update")]
+"""The commands that refuse a --lake holding no lake (those that update one among them)."""
+
+
+def test_every_command_with_a_lake_declares_whether_it_reads_or_writes_it() -> None:
+    assert {
+        name: access for name, (access, _) in LAKE_ACCESS.items() if access not in ("read", "write", "update")
+    } == {}
+    updaters = {name for name, (access, _) in LAKE_ACCESS.items() if access == "update"}
+    assert {"rebuild", "compact", "train"} <= updaters  # each writes an existing lake: its store is checked
+    assert {"sql", "export", "rebuild", "compact", "doctor", "metrics", "ablate", "dashboard"} <= set(READERS)
+    assert {"loadgen", "demo", "ingest", "import harbor"}.isdisjoint(READERS)
+
+
+def _required_arguments(parser: argparse.ArgumentParser) -> list[str]:
+    """A value for each positional argument and required setting of `parser`: enough to reach the command."""
+    argv = []
+    for action in parser._actions:
+        if not action.option_strings and action.dest != "help":
+            argv.append("select 1" if action.dest == "query" else "x")
+    for reg in parser._settings:
+        for field in reg.fields:
+            if field in reg.required or (reg.model.model_fields[field].is_required() and not reg.optional):
+                argv += [next(a for a in parser._actions if a.dest == field).option_strings[0], "x"]
+    return argv
+
+
+@pytest.mark.parametrize("name", READERS)
+@pytest.mark.parametrize("there", ["missing", "empty directory"])
+def test_a_command_that_reads_a_lake_refuses_a_path_without_one_and_creates_nothing(
+    name, there, tmp_path, monkeypatch, capsys
+) -> None:
+    """`trajlake sql --lake no-such-lake …` printed 0; `export` wrote an empty dataset; `ablate` blamed
+    the run id; each left an empty directory behind."""
+    monkeypatch.chdir(tmp_path)
+    if there == "empty directory":
+        (tmp_path / "no-such-lake").mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    argv = [*name.split(), *_required_arguments(LAKE_ACCESS[name][1]), "--lake", "no-such-lake"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trajlake {name.split()[0]}: error: no lake at {tmp_path / 'no-such-lake'} ")
+    assert "--lake (or TRAJLAKE_LAKE)" in err and "`trajlake loadgen --lake no-such-lake" in err
+    assert "`trajlake demo`" in err and "`trajlake import …`" in err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 @pytest.mark.integration  # runs the trajlake CLI in a process
 def test_rebuild_of_a_missing_lake_fails_with_a_hint(tmp_path) -> None:
     out = trajlake("rebuild", "--lake", str(tmp_path / "nothing"), check=False)
-    assert out.returncode == 2 and "no events table" in out.stderr
+    assert out.returncode == 2 and "no lake at" in out.stderr and "trajlake loadgen --lake" in out.stderr
+    assert not (tmp_path / "nothing").exists()
 
 
 @pytest.mark.integration
@@ -74,7 +135,7 @@ def test_successive_embedded_runs_into_one_lake_keep_every_event(tmp_path) -> No
     produced = {}
     for run in ("r0", "r1", "r2"):
         out = trajlake(
-            "loadgen", "--lake", root, "--run-id", run, "--trajectories", "12", "--seed", run[1], "--json"
+            "loadgen", "--lake", root, "--run", run, "--trajectories", "12", "--seed", run[1], "--json"
         )
         produced[run] = json.loads(out.stdout)["events"]
     stored = json.loads(
@@ -188,3 +249,30 @@ def test_a_trajlake_process_frees_small_blocks_without_fastbins_unless_told(tuna
     out = subprocess.run([sys.executable, "-c", FREED_IN_FASTBINS], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert (int(out.stdout) > 0) is fastbins
+
+
+@pytest.mark.integration  # runs the trajlake CLI in a process
+def test_sigusr1_prints_where_every_thread_of_a_command_waits(tmp_path) -> None:
+    """A stuck sink tells where it waits: `kill -USR1 PID` dumps its threads' stacks to its stderr."""
+    import signal
+
+    from tests.helpers import wait_until
+    from trajlake.ingest.broker import free_port
+
+    err = tmp_path / "ingest.err"
+    env = {**os.environ, "TRAJLAKE_KAFKA_CONNECT_TIMEOUT_S": "120"}
+    with err.open("w") as out:  # a broker that is not there: the sink waits for it
+        proc = subprocess.Popen([sys.executable, "-c", "from trajlake.cli import run; run()", "ingest", "--lake",
+                                 str(tmp_path / "lake"), "--kafka", f"127.0.0.1:{free_port()}"],
+                                stderr=out, env=env)  # fmt: skip
+    try:
+        wait_until(lambda: "ECONNREFUSED" in err.read_text(), 60, "the sink trying to reach its broker")
+        proc.send_signal(signal.SIGUSR1)
+        wait_until(lambda: "most recent call first" in err.read_text(), 30, "the stacks on stderr")
+        assert proc.poll() is None  # the dump stops nothing
+        dump = err.read_text().split("most recent call first", 1)[1]
+        # the command's own frames (faulthandler prints a thread's newest 100: its entry point may be cut)
+        assert re.search(r'(cli|sink|commands|kafka_subscriber)\.py", line', dump), dump[-3000:]
+    finally:
+        proc.kill()
+        proc.wait()

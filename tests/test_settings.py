@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from trajlake.cli import build_parser, main
-from trajlake.schemas.settings import SettingsParser
+from trajlake.common.settings import SettingsParser
 
 
 def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
@@ -40,7 +40,7 @@ IDS = [f"{' '.join(w)} {a.option_strings[0]}" for w, a, _ in OPTIONS]
 
 # the arguments after which each command reaches its settings (positional ones included)
 POSITIONAL = {("sql",): ["select 1"], ("import", "harbor"): ["/nowhere"], ("import", "skyrl"): ["/nowhere"],
-              ("model", "init"): ["/nowhere"]}  # fmt: skip
+              ("import", "verifiers"): ["/nowhere"], ("model", "init"): ["/nowhere"]}  # fmt: skip
 
 
 def _rejects(reg: Any, field: str, value: str) -> bool:

@@ -44,6 +44,8 @@ class SamplerStats:
     system_failures: int = 0
     no_reward: int = 0
     stale: int = 0
+    unknown_version: int = 0
+    """Finished without a known policy version (a turn recorded without one): staleness untold, left out."""
     overlong: int = 0
     zero_variance_groups: int = 0
     incomplete_groups_waiting: int = 0
@@ -52,6 +54,8 @@ class SamplerStats:
     lost_races: int = 0
     late_members: int = 0
     """Samples that finished after their group was handed out incomplete; never trained on."""
+    labelled: int = 0
+    """Left out for a label the sampler excludes (`SamplerConfig.exclude_labels`: env_bug, reward_hack, …)."""
 
     def as_dict(self) -> dict[str, int]:
         """The counts as a plain dict (for JSON and metrics)."""
@@ -84,6 +88,9 @@ class Batch:
     advantages: list[float] | None = None
     """Each sample's advantage as the step that trained on the batch computed it (sample order);
     None until a step ran. `Sampler.commit` keeps them in `batch_consumption.advantage`."""
+    token_values: list[Any] | None = None
+    """Each sample's per-token values (`trainer.token_values.TokenValues`, sample order) from the last
+    step that kept them; `trainer_tokens` records them."""
 
     @property
     def trajectory_ids(self) -> list[str]:

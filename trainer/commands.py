@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from pydantic import ValidationError
 
+from trajlake.common.settings import add_settings, settings_error
 from trajlake.schemas.errors import CliError
-from trajlake.schemas.settings import FormatSettings, LakeSettings, RunSettings, add_settings, settings_error
+from trajlake.schemas.settings import FormatSettings, LakeSettings, RunSettings, uses_lake
+from trajlake.store.config import CatalogSettings
 from trajlake.trainer.config import (
     AblateOutput,
     AblationConfig,
@@ -28,10 +31,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings(
         p,
         AblationConfig,
-        ["run_id", "aggregations", "policy_losses", "steps", "seeds", "groups_per_batch", "train"],
+        [
+            "run_id",
+            "aggregations",
+            "policy_losses",
+            "steps",
+            "seeds",
+            "groups_per_batch",
+            "train",
+            "verifier_version",
+            "verify_step",
+        ],
     )
+    add_settings(p, CatalogSettings)
     add_settings(p, AblateOutput)
     add_settings(p, FormatSettings)
+    uses_lake(p, "read")
     p.set_defaults(handler=run_ablate)
 
     p = subparsers.add_parser(
@@ -41,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings(p, RunSettings)
     add_settings(p, OverfitSettings)
     add_settings(p, FormatSettings)
+    uses_lake(p, "read")
     p.set_defaults(handler=run_select_overfit)
 
     p = subparsers.add_parser("train", help="the reference CPU trainer on a run's data (tiny policy)")
@@ -52,35 +68,63 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     """The options of `trajlake train`."""
     add_settings(p, TrainSettings)
     add_settings(p, TrainerConfig, ["steps", "rank"])
+    uses_lake(p, "update")  # trainer_steps, batch_consumption
 
 
 def run_ablate(args: argparse.Namespace) -> int:
-    """Replay, print the table, optionally write JSON."""
-    from trajlake.schemas.terminal import write_table
+    """Replay, print the table, optionally write JSON; with --verify-step, check one step (exit 1: it does not reproduce)."""
     from trajlake.store.lake import Lake
-    from trajlake.trainer.ablate import run_ablation, summary, title
+    from trajlake.trainer import ablate, verify
 
     config = args.AblationConfig
+    checking = config.verify_step is not None
     lake = Lake(args.lake)
     try:
-        report = run_ablation(lake, config)
+        if checking:
+            # the rewards the run trained on, unless --verifier-version names others
+            given = config.verifier_version if "verifier_version" in config.model_fields_set else None
+            report = verify.verify_step(lake, config.run_id, config.verify_step, args.catalog_url, given)
+        else:
+            report = ablate.run_ablation(lake, config, catalog_url=args.catalog_url)
     except ValidationError as err:
         raise CliError(settings_error(err)) from None
     except ValueError as err:
         raise CliError(str(err)) from None
     finally:
         lake.close()
+    if checking:
+        head = [verify.title(report), *(f"note: {n}" for n in report["notes"])]
+        write_report(args, report, head, verify.table(report), [verify.verdict(report)])
+        if not report["reproduces"]:
+            print(f"trajlake ablate: {verify.verdict(report)}", file=sys.stderr)
+            return 1
+        return 0
+    head = [ablate.title(report), *ablate.notes(report)]
+    write_report(args, report, head, ablate.summary(report, text=args.format == "table"))
+    return 0
+
+
+def write_report(
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    head: list[str],
+    table: tuple[list[str], list[list[Any]]],
+    foot: list[str] | None = None,
+) -> None:
+    """The report as JSON, or its table (framed by `head` and `foot` lines as a text table); and --json PATH."""
+    from trajlake.common.terminal import write_table
+
     if args.format == "json":
         print(json.dumps(report))
     else:
-        if args.format == "table":
-            print(title(report))
-        columns, rows = summary(report, text=args.format == "table")
-        write_table(columns, rows, sys.stdout, args.format, max_width=args.max_width)
+        for line in head if args.format == "table" else []:
+            print(line)
+        write_table(*table, sys.stdout, args.format, max_width=args.max_width)
+        for line in (foot or []) if args.format == "table" else []:
+            print(line)
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump(report, fh, indent=2)
-    return 0
 
 
 def run_select_overfit(args: argparse.Namespace) -> int:
@@ -96,7 +140,7 @@ def run_select_overfit(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(tasks, default=str))
     else:
-        from trajlake.schemas.terminal import write_table
+        from trajlake.common.terminal import write_table
 
         columns = ("task_id", "n_samples", "n_groups", "reward_mean", "reward_std")
         rows = [[t[c] for c in columns] for t in tasks]

@@ -7,8 +7,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from trajlake.schemas.settings import LakeSettings, RunSettings, Settings, cli
-from trajlake.store.config import MISMATCH_THRESHOLD, CatalogSettings
+from trajlake.common.settings import Settings, cli
+from trajlake.schemas.settings import LakeSettings, RunSettings
+from trajlake.store.config import MISMATCH_THRESHOLD, CatalogSettings, parse_label_specs
 
 AGGREGATION_MODES = ("token_mean", "sequence_mean", "prompt_mean")
 POLICY_LOSSES = ("ppo", "dppo", "dppo_kl", "glm5", "tis")
@@ -60,6 +61,24 @@ class SamplerConfig(BaseModel):
         "events",
         description="Read token payloads from `events` turns directly (fast) or the `trajectories` view.",
     )
+    verifier_version: str = Field(
+        "latest",
+        min_length=1,
+        description="Whose rewards to train on: latest (each trajectory's last reward), original (the one "
+        "recorded with the episode) or a verifier version `trajlake rescore` stored; a trajectory that "
+        "version did not score counts as without a reward.",
+    )
+    exclude_labels: list[str] = Field(
+        [],
+        description="Leave out trajectories carrying one of these labels (on themselves or a turn): KEY or "
+        "KEY=VALUE, e.g. env_bug, reward_hack.",
+    )
+
+    @field_validator("exclude_labels")
+    @classmethod
+    def _label_specs(cls, value: list[str]) -> list[str]:
+        parse_label_specs(value)  # a ValueError: the settings' own message names the option
+        return value
 
 
 class TrainerConfig(Settings):
@@ -96,6 +115,12 @@ class TrainerConfig(Settings):
         None, description="Where checkpoints go; None: <lake>/checkpoints/<run>."
     )
     rank: int = Field(0, ge=0, description="This trainer's rank (leases and trainer_steps rows carry it).")
+    token_values_every: int = Field(
+        1,
+        ge=0,
+        description="Keep the per-token trainer values (`trainer_tokens`: logprob, entropy, ratio, clipped, "
+        "masked) of every N-th step, from step 0; 0: none.",
+    )
     sampler: SamplerConfig = Field(
         default_factory=lambda: SamplerConfig.model_validate({}), description="Sampler settings."
     )
@@ -123,7 +148,10 @@ class TrainerConfig(Settings):
 
 
 class AblationConfig(RunSettings):
-    """Which configurations to compare, on how much data, with how many seeds (env TRAJLAKE_ABLATE_<FIELD>)."""
+    """Which configurations to compare, on how much data, with how many seeds (env TRAJLAKE_ABLATE_<FIELD>).
+
+    A run whose trainer recorded its model is replayed through it, batch by batch as it consumed
+    them; the settings marked "fresh GRU" apply to runs without one (e.g. loadgen, imports)."""
 
     model_config = SettingsConfigDict(env_prefix="TRAJLAKE_ABLATE_")
 
@@ -139,22 +167,42 @@ class AblationConfig(RunSettings):
         description=f"Policy losses, comma-separated: {', '.join(POLICY_LOSSES)}.",
         json_schema_extra=cli("--policy-loss"),
     )
-    steps: int = Field(2, ge=1, description="Batches to replay.")
-    seeds: int = Field(3, ge=1, description="Seeds (initial weights) per configuration.")
+    steps: int = Field(2, ge=1, description="Batches to replay (the run's first consumed ones).")
+    seeds: int = Field(
+        3, ge=1, description="Fresh GRU: seeds (initial weights) per configuration (the run's model: one)."
+    )
     train: bool = Field(False, description="Take an optimiser step per batch (else evaluate only).")
-    groups_per_batch: int = Field(4, ge=1, description="Prompt groups per replayed batch.")
+    groups_per_batch: int = Field(4, ge=1, description="Fresh GRU: prompt groups per replayed batch.")
     micro_batch_tokens: int = Field(
         262_144,
         ge=1,
-        description="Token budget per micro-batch (large: the GRU costs per time step, not per row).",
+        description="Token budget per micro-batch where the run recorded none (large: the GRU costs per "
+        "time step, not per row).",
     )
-    advantage: str = Field("grpo", description="Advantage estimator.")
-    lr: float = Field(1e-3, gt=0, description="Learning rate when training.")
+    advantage: str | None = Field(
+        None, description="Advantage estimator; default the run's (as its trainer recorded it), else grpo."
+    )
+    lr: float | None = Field(
+        None, gt=0, description="Learning rate when training; default the run's, else 1e-3."
+    )
     max_vocab_size: int = Field(
-        256, ge=2, description="Fold larger vocabularies (id % this): the head dominates CPU time."
+        256, ge=2, description="Fresh GRU: fold larger vocabularies (id % this): the head dominates CPU time."
     )
     d_model: int = Field(
-        32, ge=1, description="Width of the tiny policy (small: ablations replay many configurations)."
+        32, ge=1, description="Fresh GRU: its width (small: ablations replay many configurations)."
+    )
+    verifier_version: str = Field(
+        "latest",
+        min_length=1,
+        description="Whose rewards the replay trains on: latest, original, or a version `trajlake rescore` "
+        "stored (a trajectory it did not score is left out of its batch).",
+    )
+    verify_step: int | None = Field(
+        None,
+        ge=0,
+        description="Instead of ablating, check that the replay reproduces this trainer step: recompute its "
+        "loss, grad norm, engine mismatch, drift and advantages from its checkpoint and batch, beside what "
+        "the trainer recorded; exit 1 when one is out of tolerance.",
     )
 
     @field_validator("aggregations", "policy_losses", mode="before")
@@ -165,8 +213,8 @@ class AblationConfig(RunSettings):
     def trainer_config(self, aggregation: str, policy_loss: str, seed: int) -> TrainerConfig:
         """The TrainerConfig of one configuration and seed (validates the names)."""
         return TrainerConfig(
-            run_id=self.run_id, seed=seed, aggregation=aggregation, policy_loss=policy_loss, advantage=self.advantage,
-            lr=self.lr, max_vocab_size=self.max_vocab_size, d_model=self.d_model,
+            run_id=self.run_id, seed=seed, aggregation=aggregation, policy_loss=policy_loss,
+            advantage=self.advantage or "grpo", lr=self.lr or 1e-3, max_vocab_size=self.max_vocab_size, d_model=self.d_model,
         )  # fmt: skip
 
 
@@ -191,9 +239,7 @@ class OverfitSettings(Settings):
 class TrainSettings(LakeSettings, RunSettings, CatalogSettings):
     """`trajlake train`: where the run's data and catalog are, and how long to wait for data."""
 
-    wait_s: float = Field(
-        0.0, ge=0, description="seconds to wait for a batch before stopping", json_schema_extra=cli("--wait")
-    )
+    wait_s: float = Field(0.0, ge=0, description="seconds to wait for a batch before stopping")
     trainer_config: str | None = Field(
         None, description="JSON object of TrainerConfig fields", json_schema_extra=cli("--config")
     )

@@ -20,3 +20,17 @@ class LeaseLostError(TrainerError):
 
 class MegatronUnavailableError(TrainerError):
     """megatron-core (or a GPU) is not available for the Megatron adapter."""
+
+
+class TrainerVersionError(TrainerError, ValueError):
+    """The trainer version a batch was asked for is not a policy version (an int >= 0)."""
+
+    def __init__(self, *, run_id: str, trainer_version: object) -> None:
+        super().__init__(
+            f"trainer_version must be the policy version the trainer is about to train, an int >= 0 "
+            f"(got {trainer_version!r} for run {run_id!r}); a run no trainer has published to yet has no "
+            f"rows in policy_versions: start from the newest version its rollouts recorded "
+            f"(max(policy_version_max) of trajectories), or 0"
+        )
+        self.run_id = run_id
+        self.trainer_version = trainer_version

@@ -7,10 +7,8 @@ which is what vLLM's in-place reload reads, so a trainer step ends with weights 
 server can load. `HFTrainer` is the reference recipe with this model swapped in.
 
 Logprobs are computed in float32 over the distribution the engine sampled from: the model's
-logits / temperature, restricted to `allowed_token_ids` when the rollouts restricted sampling
-(vLLM's `allowed_token_ids` with `--logprobs-mode processed_logprobs`, as `trajlake vllm up`
-serves). So the importance ratios live in the policy's own action space, and a healthy fp32 run
-on CPU mismatches by ~1e-7.
+logits / temperature over the whole vocabulary (vLLM's `--logprobs-mode processed_logprobs`, as
+`trajlake vllm up` serves), so a healthy fp32 run on CPU mismatches by ~1e-7.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trajlake.common.threads import importing
 from trajlake.trainer.policy import score_next_tokens
 from trajlake.trainer.reference import ReferenceTrainer
 
@@ -36,26 +35,18 @@ class HFPolicy(nn.Module):
         self,
         model_dir: str | Path,
         dtype: torch.dtype = torch.float32,
-        allowed_token_ids: list[int] | None = None,
     ) -> None:
         super().__init__()
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
+        with importing():  # the demo's rollout threads may be loading transformers' tokenizers meanwhile
+            from transformers import AutoModelForCausalLM
+            from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # a bar per checkpoint load or save would bury the run's output
-        self.model_dir = Path(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=dtype)
+            hf_logging.disable_progress_bar()  # a bar per checkpoint load or save would bury the run's output
+            self.model_dir = Path(model_dir)
+            self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=dtype)
         self.model.train()
         self.vocab_size = int(self.model.config.vocab_size)
         self.version = 0
-        self.allowed: torch.Tensor | None = None  # the sampling mask: vocabulary ids the policy may emit
-        self.position: torch.Tensor | None = (
-            None  # vocabulary id -> its index in `allowed`, -1 if not allowed
-        )
-        if allowed_token_ids:
-            self.allowed = torch.tensor(sorted(set(allowed_token_ids)), dtype=torch.long)
-            self.position = torch.full((self.vocab_size,), -1, dtype=torch.long)
-            self.position[self.allowed] = torch.arange(len(self.allowed))
 
     def logprobs_and_entropy(
         self,
@@ -76,14 +67,8 @@ class HFPolicy(nn.Module):
         hidden = self.model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[
             :, :-1
         ]
-        allowed = self.allowed
-
-        def head(h: torch.Tensor) -> torch.Tensor:
-            logits = self.model.lm_head(h)
-            return logits if allowed is None else logits[:, allowed]
-
         return score_next_tokens(
-            input_ids, hidden, head, attention_mask, positions, temperature, self.position
+            input_ids, hidden, self.model.lm_head, attention_mask, positions, temperature
         )
 
     def token_logprobs(
@@ -113,17 +98,14 @@ class HFPolicy(nn.Module):
 class HFTrainer(ReferenceTrainer):
     """The reference recipe training a Hugging Face model directory; checkpoints are model directories."""
 
-    def __init__(
-        self, *args: Any, model_dir: str | Path, allowed_token_ids: list[int] | None = None, **kwargs: Any
-    ) -> None:
+    def __init__(self, *args: Any, model_dir: str | Path, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.model_dir = Path(model_dir)
-        self.allowed_token_ids = allowed_token_ids  # the rollouts' sampling mask, if they had one
         self.last_checkpoint: str | None = None  # what a weight update loads into the inference server
 
     def build_policy(self, vocab_size: int) -> HFPolicy:
         """The model in `model_dir` (its own vocabulary; `vocab_size` of the run must fit it)."""
-        policy = HFPolicy(self.model_dir, allowed_token_ids=self.allowed_token_ids)
+        policy = HFPolicy(self.model_dir)
         if vocab_size > policy.vocab_size:
             raise ValueError(
                 f"the run's events declare a vocabulary of {vocab_size}, the model in {self.model_dir} "

@@ -1,8 +1,13 @@
-"""Train/inference logprob mismatch: mean |rollout logprob − trainer logprob| over a batch's tokens.
+"""Logprob gaps between the rollouts and the trainer: the engine mismatch, and the policy's drift.
 
-The field's health threshold is 0.03: above it the trainer's and the inference engine's
-numerics disagree enough that "on-policy" data is silently off-policy (re-tokenisation,
-kernels, precision). The reference trainer writes the figure to `trainer_steps` each step.
+The same figure, mean |rollout logprob − trainer logprob| over sampled tokens, means two things:
+- on tokens the trainer's very weights generated (same policy version) it is the train/inference
+  mismatch: numerics, kernels, re-tokenisation. The field's health threshold is 0.03; above it
+  "on-policy" data is silently off-policy. `trainer_steps.mismatch`, with `mismatch_tokens`.
+- on tokens older weights generated it is the policy's drift since then (what importance ratios
+  correct), recorded apart as `trainer_steps.drift` / `drift_kl` / `drift_by_staleness`.
+Each gap also carries an approximate KL(behaviour ‖ trainer) over its tokens (the k3 estimator,
+E[r − 1 − log r] with r = π/μ, unbiased and non-negative on tokens sampled from μ).
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class Mismatch:
-    """Mean absolute logprob difference over `n_tokens` tokens, and whether it is healthy."""
+    """Mean absolute logprob difference over `n_tokens` tokens, its approximate KL, and whether it is healthy."""
 
     mean_abs_diff: float | None
     max_abs_diff: float | None
     n_tokens: int
     threshold: float = MISMATCH_THRESHOLD
+    kl: float | None = None
+    """Approximate KL(rollout policy ‖ trainer policy) per token (k3 estimator)."""
 
     @property
     def healthy(self) -> bool | None:
@@ -42,23 +49,28 @@ def logprob_mismatch(
     """Mismatch over the tokens where `loss_mask` is set (the sampled ones), [B, T] inputs.
 
     mismatch = Σ_t m_t · |logμ_t − logπ_t| / Σ_t m_t
+    kl       = Σ_t m_t · (r_t − 1 − log r_t) / Σ_t m_t,   log r_t = logπ_t − logμ_t
     """
     mask = loss_mask.bool()
-    diff = (rollout_logprobs.detach().double() - trainer_logprobs.detach().double()).abs()[mask]
-    if diff.numel() == 0:
+    log_ratio = (trainer_logprobs.detach().double() - rollout_logprobs.detach().double())[mask]
+    if log_ratio.numel() == 0:
         return Mismatch(None, None, 0, threshold)
-    return Mismatch(float(diff.mean()), float(diff.max()), int(diff.numel()), threshold)
+    diff = log_ratio.abs()
+    kl = torch.expm1(log_ratio.clamp(max=20.0)) - log_ratio
+    return Mismatch(float(diff.mean()), float(diff.max()), int(diff.numel()), threshold, float(kl.mean()))
 
 
 def combine(parts: list[Mismatch]) -> Mismatch:
     """The mismatch of a whole batch from its micro-batches' (token-weighted)."""
     measured = [p for p in parts if p.n_tokens]
     n = sum(p.n_tokens for p in measured)
+    threshold = parts[0].threshold if parts else MISMATCH_THRESHOLD
     if n == 0:
-        return Mismatch(None, None, 0, parts[0].threshold if parts else MISMATCH_THRESHOLD)
+        return Mismatch(None, None, 0, threshold)
     mean = sum((p.mean_abs_diff or 0.0) * p.n_tokens for p in measured) / n
     worst = max(p.max_abs_diff or 0.0 for p in measured)
-    return Mismatch(mean, worst, n, parts[0].threshold)
+    kl = sum((p.kl or 0.0) * p.n_tokens for p in measured) / n
+    return Mismatch(mean, worst, n, threshold, kl)
 
 
 def write_trainer_steps(lake: Lake, rows: list[dict[str, Any]]) -> int:
@@ -92,7 +104,7 @@ def record_mismatch(
                 "rank": rank,
                 "mismatch": result.mean_abs_diff,
                 "mismatch_healthy": result.healthy,
-                "n_tokens": result.n_tokens,
+                "mismatch_tokens": result.n_tokens,
             }
         ],
     )

@@ -29,15 +29,13 @@ def score_next_tokens(
     attention_mask: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
     temperature: float = 1.0,
-    target_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob of each next token and the entropy of its distribution, float32 [B, T]; 0 elsewhere.
 
     Shared by every policy: `features[:, t]` (hidden states or logits, [B, T-1, ...]) predicts
     token t+1, and `head` turns the selected rows into logits. Only real tokens (attention
     mask) that a loss trains on (`positions`, when given) are scored: the head is most of the
-    cost. `target_index` maps vocabulary ids to logit columns when `head` keeps only the
-    columns a sampling mask allowed (-1: not allowed, an error).
+    cost.
     """
     batch, length = input_ids.shape
     device = features.device
@@ -49,12 +47,6 @@ def score_next_tokens(
     if attention_mask is not None:
         want = want & attention_mask[:, 1:].bool().to(device)
     targets = input_ids[:, 1:].long().to(device)[want]
-    if target_index is not None:
-        targets = target_index.to(device)[targets]
-        if bool((targets < 0).any()):
-            raise ValueError(
-                "a trained token is outside allowed_token_ids; train with the mask the rollouts used"
-            )
     log_probs = F.log_softmax(head(features[want]).float() / temperature, dim=-1)
     picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     ent = -(log_probs.exp() * log_probs).sum(-1)

@@ -9,8 +9,9 @@
 `train_step(batch)` is the unit a custom loop calls: one optimiser step on a sampled batch,
 then the hand-out is committed (`batch_consumption`), the new version is checkpointed and
 announced (`policy_updated`, the catalog's policy_versions; rank 0 only), and the step's
-metrics (loss, entropy, grad norm, clip and masked fractions, logprob mismatch,
-staleness) are appended to `trainer_steps`.
+metrics (loss, entropy, grad norm, clip and masked fractions, engine logprob mismatch and
+policy drift, staleness) are appended to `trainer_steps`, and every `token_values_every`-th step
+its per-token values to `trainer_tokens`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from trajlake.trainer.policy import TinyPolicy
 from trajlake.trainer.publish import publish_policy_updated
 from trajlake.trainer.sampler import Sampler
 from trajlake.trainer.step import policy_step
+from trajlake.trainer.token_values import StepInfo, record_token_values, should_keep
 
 if TYPE_CHECKING:
     from trajlake.ingest.recorder import Recorder
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 
 STEP_COLUMNS = (
     "loss", "entropy", "grad_norm", "clip_fraction", "masked_fraction", "mismatch", "mismatch_healthy",
+    "mismatch_tokens", "drift", "drift_kl", "drift_tokens", "drift_by_staleness",
     "staleness_mean", "staleness_max", "n_trajectories", "n_tokens", "reward_mean", "duration_s",
 )  # fmt: skip
 
@@ -127,7 +130,13 @@ class ReferenceTrainer:
     def train_step(self, batch: Batch, commit: bool = True) -> dict[str, Any]:
         """One optimiser step on `batch`; commit it, publish the new version, record metrics."""
         step_index = self.step  # the step this batch was sampled for (batch_consumption's `step`)
-        metrics = policy_step(self.policy, self.optimizer, batch, self.config, self.fold_vocab)
+        # the weights are version `self.version`: a batch trained on again (the overfit check) is
+        # older than them from its second step on, and measures drift, not the engine mismatch
+        keep = should_keep(step_index, self.config.token_values_every)
+        metrics = policy_step(
+            self.policy, self.optimizer, batch, self.config, self.fold_vocab,
+            weights_version=self.version, keep_token_values=keep,
+        )  # fmt: skip
         if commit:
             self.sampler.commit(batch)
         self.version += 1
@@ -152,8 +161,12 @@ class ReferenceTrainer:
             )
         row = {k: metrics[k] for k in STEP_COLUMNS} | {
             "run_id": self.config.run_id, "step": step_index, "trainer_version": self.version, "rank": self.config.rank,
+            "batch_step": batch.step,  # the hand-out trained on: an earlier step's when a batch is trained on again
         }  # fmt: skip
         write_trainer_steps(self.lake, [row])
+        if keep:
+            info = StepInfo(step_index, self.version, self.config.rank, self.config.policy_loss)
+            record_token_values(self.lake, batch, info)
         self.history.append(metrics)
         return metrics
 

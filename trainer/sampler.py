@@ -2,8 +2,11 @@
 
 For a trainer at version v it reads the scalar columns of `trajectories` (no tokens),
 keeps finished trajectories with v − policy_version_min <= max_staleness, always leaves
-out system failures (failure_origin = 'system') and those without a valid reward, groups
-the rest by `group_id`, waits up to `group_wait_s` for incomplete groups, optionally
+out system failures (failure_origin = 'system'), those without a valid reward and those
+whose policy version is unknown (a turn recorded without one: its staleness cannot be told,
+so it is never taken as fresh; counted as `unknown_version`), groups
+the rest by `group_id` (leaving out those carrying a label of `exclude_labels`, and taking each
+reward from `verifier_version`: the latest by default), waits up to `group_wait_s` for incomplete groups, optionally
 drops zero-reward-variance groups and overlong samples, and claims whole groups in the
 catalog (a group another rank got first is skipped). Only then does it fetch the token
 payloads of the claimed trajectories and pack them into micro-batches.
@@ -23,15 +26,18 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trajlake.store.labels import labelled_trajectories, parse_specs
+from trajlake.store.rewards import check_version, with_rewards_of
 from trajlake.trainer.batch import Batch, SamplerStats, TrajectorySample, pack_micro_batches
 from trajlake.trainer.config import SamplerConfig
-from trajlake.trainer.errors import LeaseLostError
+from trajlake.trainer.errors import LeaseLostError, TrainerVersionError
 from trajlake.trainer.publish import publish_batch_consumed
 from trajlake.trainer.tokens import read_tokens
 
@@ -161,6 +167,7 @@ class Sampler:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:rank{rank}:{uuid.uuid4().hex[:6]}"
         self.recorder = recorder
         self.handed_out = 0
+        check_version(lake, config.run_id, config.verifier_version)  # a version the run never had: said now
         self._beyond: tuple[frozenset[str], dict[str, int]] = (frozenset(), dict.fromkeys(COUNTED, 0))
         """The `trajectories` files out of reach when last counted, and their `FINISHED_COUNTS`."""
 
@@ -170,8 +177,16 @@ class Sampler:
     ) -> tuple[list[_Group], SamplerStats]:
         """Groups ready to hand out at `trainer_version` (oldest first), and what was left out."""
         cfg = self.config
+        if (
+            isinstance(trainer_version, bool)
+            or not isinstance(trainer_version, Integral)
+            or trainer_version < 0
+        ):
+            raise TrainerVersionError(run_id=cfg.run_id, trainer_version=trainer_version)
         now = now or dt.datetime.now(dt.UTC)
         rows, finished = self._rows_in_reach(cfg.run_id, trainer_version - cfg.max_staleness)
+        rows = with_rewards_of(self.lake, cfg.run_id, rows, cfg.verifier_version)
+        labelled = labelled_trajectories(self.lake, cfg.run_id, parse_specs(cfg.exclude_labels))
         taken = self.catalog.unavailable_ids(cfg.run_id) if self.catalog is not None else set()
         cols = {name: rows.column(name).to_pylist() for name in SCALAR_COLUMNS if name != "finished_at"}
         cols["finished_at"] = rows.column("finished_at").cast(pa.int64()).to_pylist()
@@ -195,6 +210,9 @@ class Sampler:
                 group.first_finished_at is None or finished_at < group.first_finished_at
             ):
                 group.first_finished_at = finished_at
+            if tid in labelled:  # a person or a tool found it unfit to train on (env_bug, reward_hack, …)
+                stats.labelled += 1
+                continue
             member = self._admit(cols, i, trainer_version, stats)
             if member is not None:
                 group.members.append(member)
@@ -291,7 +309,10 @@ class Sampler:
             stats.no_reward += 1
             return None
         pv_min = cols["policy_version_min"][i]
-        if pv_min is None or version - pv_min > cfg.max_staleness:
+        if pv_min is None:  # a turn of unknown version: how stale it is cannot be told
+            stats.unknown_version += 1
+            return None
+        if version - pv_min > cfg.max_staleness:
             stats.stale += 1
             return None
         too_long = (
@@ -483,7 +504,7 @@ class Sampler:
         """
         step = 0
         while steps is None or step < steps:
-            version = trainer_version() if callable(trainer_version) else int(trainer_version)
+            version = trainer_version() if callable(trainer_version) else trainer_version
             batch = self.next_batch(version, step, timeout_s)
             if batch is None:
                 return

@@ -61,6 +61,13 @@ def read_from_events(lake: Lake, run_id: str, trajectory_ids: Sequence[str]) -> 
     )
 
 
+def sequence_start(input_is_full: np.ndarray) -> int:
+    """Which of a trajectory's turns (in `seq` order) its sequence starts at: the last that stored its
+    full input (TITO drift restarts the sequence there), else the first."""
+    restarts = np.flatnonzero(input_is_full)
+    return int(restarts[-1]) if len(restarts) else 0
+
+
 def assemble(turns: pa.Table) -> dict[str, TokenArrays]:
     """Assemble sequences from `turn` rows (any order) with numpy slices."""
     if turns.num_rows == 0:
@@ -79,8 +86,7 @@ def assemble(turns: pa.Table) -> dict[str, TokenArrays]:
         end = start
         while end < n and tids[end] == tids[start]:
             end += 1
-        restarts = np.flatnonzero(full[start:end])
-        first = start + (int(restarts[-1]) if len(restarts) else 0)
+        first = start + sequence_start(full[start:end])
         ids_parts, lp_parts, mask_parts = [], [], []
         for i in range(first, end):
             inp = in_ids[in_at[i] : in_at[i + 1]]

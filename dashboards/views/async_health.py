@@ -7,7 +7,8 @@ import pyarrow as pa
 import streamlit as st
 
 from trajlake.dashboards.metrics import CATEGORIES, MISMATCH_THRESHOLD
-from trajlake.dashboards.views.common import PageContext, area, bars, empty_state, fmt, line
+from trajlake.dashboards.views.charts import area, bars, line
+from trajlake.dashboards.views.common import PageContext, empty_state, fmt, tiles
 
 
 def mismatch_text(value: float) -> str:
@@ -37,7 +38,7 @@ def render_zero_signal(ctx: PageContext) -> None:
     table = ctx.metric("zero_signal_groups", ctx.run_id)
     steps = table.to_pylist()
     zero, groups = sum(r["n_zero_signal_groups"] for r in steps), sum(r["n_groups"] for r in steps)
-    cols = st.columns(2)
+    cols = tiles(2)
     cols[0].metric(
         "Zero-signal groups (latest step)",
         f"{steps[-1]['n_zero_signal_groups']} of {steps[-1]['n_groups']}" if steps else "–",
@@ -53,6 +54,7 @@ def render_zero_signal(ctx: PageContext) -> None:
             color="signal",
             x_type="O",
             domain=SIGNAL,
+            wide=True,
         )
     else:
         empty_state("consumed batches", "Each trainer step's groups show here once it commits its batch.")
@@ -63,7 +65,7 @@ def render(ctx: PageContext) -> None:
     staleness = ctx.metric("staleness_distribution", ctx.run_id)
     mismatch = ctx.metric("logprob_mismatch", ctx.run_id)
     lag = ctx.metric("ingest_lag", ctx.run_id)
-    cols = st.columns(5)
+    cols = tiles(5)
     counts = staleness.to_pylist()
     n = sum(r["n_trajectories"] for r in counts)
     cols[0].metric(
@@ -107,7 +109,6 @@ def render(ctx: PageContext) -> None:
                 "step",
                 "mismatch",
                 f"Train/inference logprob mismatch (healthy < {MISMATCH_THRESHOLD})",
-                rule=MISMATCH_THRESHOLD,
             )
         else:
             empty_state(
@@ -160,6 +161,7 @@ def render(ctx: PageContext) -> None:
             "Ingest lag (file write time − event time)",
             x_type="T",
             y_title="seconds",
+            wide=True,
         )
     else:
         empty_state("events", "Ingest lag is measured on the events the sink wrote (local lakes).")

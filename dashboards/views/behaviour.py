@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from trajlake.dashboards.views.common import PageContext, bars, empty_state, fmt, frame, line
+from trajlake.dashboards.views.charts import bars, line
+from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame, tiles
 
 RATIOS = ["tool_success_rate", "code_exec_ratio", "context_exhaustion_ratio", "nudge_rate", "tito_drift_rate"]
 
@@ -16,7 +17,7 @@ def render(ctx: PageContext) -> None:
         empty_state("finished trajectories", "Behaviour figures appear once trajectories finish.")
         return
     latest = by_version.to_pylist()[-1]
-    cols = st.columns(6)
+    cols = tiles(6)
     cols[0].metric("Turns / trajectory", fmt(latest["turns_per_trajectory"], 2))
     cols[1].metric("Assistant tokens / turn", fmt(latest["assistant_tokens_per_turn"], 1))
     cols[2].metric("Tool success rate", fmt(latest["tool_success_rate"]))

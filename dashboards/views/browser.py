@@ -1,4 +1,5 @@
-"""Trajectory browser: filter trajectories, open one: turns as text with per-token overlays, tool calls, errors."""
+"""Trajectory browser: search the run's turns, filter trajectories, open one: its rewards per verifier version,
+its labels (and a form to add one), turns as text with per-token overlays, tool calls, errors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 import streamlit as st
 
 from trajlake.dashboards.browse import recorded_token_fields
-from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame
+from trajlake.dashboards.views import annotate, search_box
+from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame, tiles
 from trajlake.dashboards.views.token_overlays import LEGENDS, MAX_TOKENS_SHOWN, OVERLAYS, tokens_html
 from trajlake.schemas.events import FAILURE_ORIGINS, STATUSES
 
@@ -34,10 +36,17 @@ def token_texts(decoder: Any, turn: dict[str, Any]) -> list[str] | None:
     return list(decoder.pieces(ids[:MAX_TOKENS_SHOWN]))
 
 
+NOT_KEPT = (
+    "No trainer step kept this trajectory's per-token values (`trainer_tokens`; "
+    "`TrainerConfig.token_values_every` says which steps do)."
+)
 NOT_RECORDED = {
-    "trainer_logprob": "This run's trainer recorded no per-token trainer logprobs.",
+    "trainer_logprob": f"This run's trainer recorded no per-token trainer logprobs. {NOT_KEPT}",
     "mismatch": "It needs per-token trainer logprobs, which this run's trainer did not record "
     "(the Async health page shows the trainer's per-step mismatch).",
+    "trainer_entropy": NOT_KEPT,
+    "ratio": NOT_KEPT,
+    "loss_action": NOT_KEPT,
     "entropy": "No per-token entropy was recorded for this trajectory (the Entropy page shows it per "
     "policy version).",
     "advantage": "No trainer recorded an advantage for this trajectory (turns.advantage, "
@@ -53,12 +62,41 @@ def turn_advantages(ctx: PageContext, trajectory_id: str, turns: list[dict[str, 
     return [t["advantage"] if t["advantage"] is not None else fallback for t in turns]
 
 
-def recorded_overlays(ctx: PageContext, trajectory_id: str, turns: list[dict[str, Any]]) -> dict[str, str]:
+STEP_OVERLAYS = ("trainer_logprob", "trainer_entropy", "ratio", "loss_action")
+"""The overlays a trainer step's kept values (`trainer_tokens`) give."""
+
+
+def with_step_values(ctx: PageContext, trajectory_id: str, turns: list[dict[str, Any]]) -> str | None:
+    """Put the per-token values the trainer kept at a step the reader picks on each of its turns;
+    return where they come from, or None when no step kept any."""
+    kept = ctx.metric("trajectory_token_values", ctx.run_id, trajectory_id).to_pylist()
+    steps = sorted({k["step"] for k in kept})
+    if not steps:
+        return None
+    step = st.selectbox("Trainer step", steps, index=len(steps) - 1, key="browser_step")
+    by_turn = {k["turn_index"]: k for k in kept if k["step"] == step}
+    for turn in turns:
+        values = by_turn.get(turn["turn_index"])
+        if values is not None:
+            turn["trainer_logprob"], turn["trainer_entropy"] = values["trainer_logprobs"], values["entropies"]
+            turn["ratio"] = values["ratios"]
+            flags = zip(values["clipped"], values["masked"], strict=True)
+            turn["loss_action"] = [None if m is None else 2 if m else int(bool(c)) for c, m in flags]
+    losses = sorted({k["policy_loss"] for k in by_turn.values() if k["policy_loss"]})
+    return f"trainer_tokens (step {step}{', ' + ', '.join(losses) if losses else ''})"
+
+
+def recorded_overlays(
+    ctx: PageContext, trajectory_id: str, turns: list[dict[str, Any]], step_source: str | None = None
+) -> dict[str, str]:
     """The overlays this trajectory has figures for (overlay → where they come from)."""
     recorded = {"logprob": "output_logprobs", "loss_mask": "loss_mask"}
     for overlay in recorded_token_fields():
         if any(t.get(overlay) is not None for t in turns):
             recorded[overlay] = overlay
+    for overlay in STEP_OVERLAYS:
+        if step_source and any(t.get(overlay) is not None for t in turns):
+            recorded[overlay] = step_source
     if "trainer_logprob" in recorded:
         recorded["mismatch"] = "trainer_logprob"
     if any(t["advantage"] is not None for t in turns):
@@ -70,6 +108,7 @@ def recorded_overlays(ctx: PageContext, trajectory_id: str, turns: list[dict[str
 
 def render(ctx: PageContext) -> None:
     st.header("Trajectory browser")
+    search_box.render(ctx)
     with st.expander("Filters", expanded=True):
         cols = st.columns(4)
         status = cols[0].multiselect("Status", STATUSES, key="browser_status")
@@ -104,12 +143,13 @@ def render_trajectory(ctx: PageContext, trajectory_id: str) -> None:
         st.warning(f"trajectory {trajectory_id} is not in run {ctx.run_id}")
         return
     st.subheader(f"Trajectory {trajectory_id}")
-    cols = st.columns(5)
+    cols = tiles(5)
     cols[0].metric("Task", summary["task_id"])
     cols[1].metric("Reward", fmt(summary["reward"]))
     cols[2].metric("Status", summary["status"] or "running")
     cols[3].metric("Turns", summary["n_turns"])
-    cols[4].metric("Policy versions", f"{summary['policy_version_min']}–{summary['policy_version_max']}")
+    low, high = summary["policy_version_min"], summary["policy_version_max"]
+    cols[4].metric("Policy versions", "unknown" if low is None else f"{low}–{high}")
     errors = []
     if summary["failure_origin"]:
         message = f": {summary['message']}" if summary["message"] else ""
@@ -125,11 +165,13 @@ def render_trajectory(ctx: PageContext, trajectory_id: str) -> None:
             )
     for message in errors:
         st.error(message)
+    annotate.render_rewards(ctx, trajectory_id)
+    annotate.render_labels(ctx, trajectory_id, int(summary["n_turns"] or 0))
     decoder, note = run_decoder(summary["model"], ctx.tokenizer_path)
     if note:
         st.warning(note)
     turns = ctx.metric("trajectory_turns", ctx.run_id, trajectory_id).to_pylist()
-    recorded = recorded_overlays(ctx, trajectory_id, turns)
+    recorded = recorded_overlays(ctx, trajectory_id, turns, with_step_values(ctx, trajectory_id, turns))
     overlay = st.radio(
         "Overlay",
         list(OVERLAYS),
@@ -142,13 +184,15 @@ def render_trajectory(ctx: PageContext, trajectory_id: str) -> None:
         "Grey italic: environment tokens (prompt and tool output the turn appended; no loss). "
         + LEGENDS[overlay]
         + (f" Advantage from {advantage}." if overlay == "advantage" and advantage else "")
+        + (f" Values of {recorded[overlay]}." if overlay in STEP_OVERLAYS and overlay in recorded else "")
     )
     if overlay not in recorded:
         st.info(f"**{OVERLAYS[overlay]}: not recorded.** {NOT_RECORDED[overlay]}", icon=":material/block:")
     scale = max((abs(a) for a in turn_advantages(ctx, trajectory_id, turns) if a is not None), default=1.0)
     for turn, adv in zip(turns, turn_advantages(ctx, trajectory_id, turns), strict=True):
         label = (
-            f"Turn {turn['turn_index']} · v{turn['policy_version']} · {turn['n_input_tokens']} in / "
+            f"Turn {turn['turn_index']} · v{'?' if turn['policy_version'] is None else turn['policy_version']} · "
+            f"{turn['n_input_tokens']} in / "
             f"{turn['n_output_tokens']} out"
             + (f" · {turn['finish_reason']}" if turn["finish_reason"] else "")
             + (" · nudged" if turn["nudged"] else "")

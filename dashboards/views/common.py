@@ -6,7 +6,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import altair as alt
 import pyarrow as pa
 import streamlit as st
 
@@ -49,13 +48,15 @@ def read_metric(root: str, state: tuple[int, ...], name: str, *args: Any, **kwar
 
 @dataclass(frozen=True)
 class PageContext:
-    """The selections a page renders for: lake root, run, version range, pass threshold."""
+    """The selections a page renders for: lake root, run, version range, pass threshold, pass@k's basis."""
 
     lake_root: str
     run_id: str
     versions: tuple[int, int] | None
     success_threshold: float
     tokenizer_path: str | None = None
+    min_tasks: int = metrics.MIN_TASKS
+    """The fewest tasks a pass@k is shown for (`ThresholdSettings.min_tasks`)."""
     lake_state: tuple[int, ...] = ()
     """The Delta versions the page reads at (see `lake_state`); a new commit makes new cache keys."""
 
@@ -78,92 +79,11 @@ def empty_state(what: str, how: str) -> None:
     st.info(f"**No {what} yet.** {how}", icon=":material/hourglass_empty:")
 
 
-def line(
-    table: pa.Table,
-    x: str,
-    y: str | list[str],
-    title: str,
-    *,
-    color: str | None = None,
-    x_type: str = "Q",
-    rule: float | None = None,
-    y_title: str | None = None,
-    domain: list[str] | None = None,
-) -> None:
-    """A line chart of one or more measures (several `y` are folded into a `measure` colour).
-
-    `domain` fixes the order of the `color` values, so each keeps its colour across charts.
-    """
-    data = frame(table)
-    chart = alt.Chart(data)
-    color_enc: Any
-    if isinstance(y, list):
-        chart = chart.transform_fold(list[Any](y), as_=["measure", "value"])
-        y_enc, color_enc = alt.Y("value:Q", title=y_title or ""), alt.Color("measure:N", title=None)
-    else:
-        y_enc = alt.Y(f"{y}:Q", title=y_title or y)
-        scale = alt.Scale(domain=domain) if domain else alt.Undefined
-        color_enc = alt.Color(f"{color}:N", scale=scale) if color else alt.value("#4c78a8")
-    layer = chart.mark_line(point=True).encode(
-        x=alt.X(f"{x}:{x_type}", title=x, axis=alt.Axis(labelAngle=0)),
-        y=y_enc,
-        color=color_enc,
-        tooltip=list(data.columns),
-    )
-    if rule is not None:
-        layer = layer + alt.Chart(data).mark_rule(color="red", strokeDash=[4, 4]).encode(y=alt.datum(rule))
-    st.altair_chart(layer.properties(title=title), width="stretch")
-
-
-def bars(
-    table: pa.Table,
-    x: str,
-    y: str,
-    title: str,
-    *,
-    color: str | None = None,
-    x_type: str = "N",
-    horizontal: bool = False,
-    stack: bool = True,
-    domain: list[str] | None = None,
-) -> None:
-    """A bar chart, stacked by `color` when given."""
-    data = frame(table)
-    x_enc = alt.X(f"{x}:{x_type}", title=x, sort=None, axis=alt.Axis(labelAngle=0))
-    y_enc = alt.Y(f"{y}:Q", title=y, stack=stack or None)
-    enc: dict[str, Any] = {"x": y_enc, "y": x_enc} if horizontal else {"x": x_enc, "y": y_enc}
-    if color:
-        enc["color"] = alt.Color(f"{color}:N", scale=alt.Scale(domain=domain) if domain else alt.Undefined)
-    chart = alt.Chart(data, title=title).mark_bar().encode(**enc, tooltip=list(data.columns))
-    st.altair_chart(chart, width="stretch")
-
-
-def area(
-    table: pa.Table,
-    x: str,
-    y: str,
-    color: str,
-    title: str,
-    *,
-    normalize: bool = False,
-    domain: list[str] | None = None,
-) -> None:
-    """Stacked bars per time bucket (shares when `normalize`), readable even with a single bucket."""
-    data = frame(table)
-    times = data[x]
-    span_days = (times.max() - times.min()).days if len(times) else 0
-    data["time"] = times.dt.strftime("%m-%d %H:%M:%S" if span_days else "%H:%M:%S")
-    chart = (
-        alt.Chart(data, title=title)
-        .mark_bar()
-        .encode(
-            x=alt.X("time:O", title=f"{x} (UTC)", axis=alt.Axis(labelAngle=-45 if len(data) > 12 else 0)),
-            y=alt.Y(f"{y}:Q", stack="normalize" if normalize else True, title="share" if normalize else y),
-            color=alt.Color(f"{color}:N", scale=alt.Scale(domain=domain) if domain else alt.Undefined),
-            tooltip=[c for c in data.columns if c != x],
-        )
-    )
-    st.altair_chart(chart, width="stretch")
+def tiles(n: int) -> list[Any]:
+    """`n` places for `st.metric` tiles, side by side while they fit and wrapping when they do not,
+    each as wide as its label: a label is never cut (`st.columns` cut them at 1000 px)."""
+    row = st.container(horizontal=True, gap="large")
+    return [row.container(width="content") for _ in range(n)]
 
 
 def fmt(value: float | None, digits: int = 3) -> str:

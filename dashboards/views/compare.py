@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import altair as alt
 import streamlit as st
 
 from trajlake.dashboards import compare
 from trajlake.dashboards.metrics import MISMATCH_THRESHOLD
+from trajlake.dashboards.passk import curve_basis
+from trajlake.dashboards.views.charts import MAX_SERIES, pass_at_k_chart, small_multiples
 from trajlake.dashboards.views.common import (
     CACHE_TTL_S,
     PageContext,
     empty_state,
     frame,
-    line,
     open_lake,
     read_metric,
 )
@@ -44,15 +44,19 @@ BY_STEP = {
     "model_failure_rate": "Model failure rate",
 }
 """The small charts of each section: column -> title; each draws one line per run."""
-COLUMNS = 3
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=64)
 def read_comparison(
-    root: str, state: tuple[int, ...], name: str, run_ids: tuple[str, ...], success_threshold: float
+    root: str,
+    state: tuple[int, ...],
+    name: str,
+    run_ids: tuple[str, ...],
+    success_threshold: float,
+    min_tasks: int,
 ) -> Any:
-    """`compare.<name>(lake, run_ids, success_threshold)`, cached for the lake's tables at versions `state`."""
-    return getattr(compare, name)(open_lake(root), list(run_ids), success_threshold)
+    """`compare.<name>(lake, run_ids, success_threshold, min_tasks)`, cached for the lake's tables at versions `state`."""
+    return getattr(compare, name)(open_lake(root), list(run_ids), success_threshold, min_tasks)
 
 
 def choose_runs(runs: list[str], current: str) -> list[str]:
@@ -61,36 +65,18 @@ def choose_runs(runs: list[str], current: str) -> list[str]:
     unknown = [r for r in wanted if r not in runs]
     if unknown:
         st.warning(f"Not in this lake, left out: {', '.join(unknown)}. Runs here: {', '.join(runs)}.")
-    default = [r for r in wanted if r in runs] or [current, *[r for r in runs if r != current][:1]]
-    chosen = st.multiselect("Runs", runs, default=default, key="compare_runs", help="newest first")
+    default = ([r for r in wanted if r in runs] or [current, *[r for r in runs if r != current][:1]])[
+        :MAX_SERIES
+    ]
+    chosen = st.multiselect(
+        "Runs", runs, default=default, key="compare_runs", max_selections=MAX_SERIES,
+        help=f"newest first; up to {MAX_SERIES}, a colour each",
+    )  # fmt: skip
     if chosen:
         st.query_params["runs"] = ",".join(chosen)
     elif "runs" in st.query_params:
         del st.query_params["runs"]
     return chosen
-
-
-def small_multiples(table: Any, x: str, measures: dict[str, str], x_type: str, run_ids: list[str]) -> None:
-    """One small chart per measure (each with its own y scale), a line per run in each: one Vega-Lite
-    facet, so the page builds and validates one chart per section rather than one per measure."""
-    data = frame(table.select(["run_id", x, *measures])).rename(columns=measures)
-    titles = list(measures.values())
-    chart = (
-        alt.Chart(data)
-        .transform_fold(list[Any](titles), as_=["measure", "value"])
-        .mark_line(point=True)
-        .encode(
-            x=alt.X(f"{x}:{x_type}", title=x, axis=alt.Axis(labelAngle=0)),
-            y=alt.Y("value:Q", title=None),
-            color=alt.Color("run_id:N", scale=alt.Scale(domain=run_ids), title="run"),
-            tooltip=["run_id:N", f"{x}:{x_type}", "measure:N", "value:Q"],
-        )
-        .properties(width=260, height=170)
-        .facet(facet=alt.Facet("measure:N", sort=titles, title=None), columns=COLUMNS)
-        .resolve_scale(y="independent")
-        .resolve_axis(x="independent")
-    )
-    st.altair_chart(chart, width="content")
 
 
 def render(ctx: PageContext) -> None:
@@ -101,28 +87,35 @@ def render(ctx: PageContext) -> None:
         return
 
     def read(name: str) -> Any:
-        return read_comparison(ctx.lake_root, ctx.lake_state, name, run_ids, ctx.success_threshold)
+        return read_comparison(
+            ctx.lake_root, ctx.lake_state, name, run_ids, ctx.success_threshold, ctx.min_tasks
+        )
 
     versions, steps, curves = read("by_version"), read("by_step"), read("pass_at_k_curves")
     st.dataframe(frame(compare.summary(versions, steps, curves)), hide_index=True, key="compare_summary")
     st.caption(
-        "pass_at_k is at k, the largest k every compared run reaches; mismatch_latest is the last "
-        "trainer step's; rates are shares of all trajectories."
+        f"pass_at_k is at k, the largest k every compared run shows (at least {ctx.min_tasks} tasks with k "
+        "scored samples), over n_tasks_at_k of its n_tasks tasks; mismatch_latest is the last trainer step's; "
+        "rates are shares of all trajectories."
     )
 
     st.subheader("By policy version")
     if versions.num_rows:
-        small_multiples(versions, "policy_version", BY_VERSION, "O", list(run_ids))
+        hidden = {
+            "pass_at_1": f"Hidden at every version: each was scored on fewer than {ctx.min_tasks} tasks."
+        }
+        small_multiples(versions, "policy_version", BY_VERSION, "O", list(run_ids), hidden)
     else:
         empty_state(
             "policy versions for these runs", "Trajectories carry the policy version that started them."
         )
-    with st.columns(COLUMNS)[0]:
-        if curves.num_rows:
-            title = "pass@k (unbiased estimator)"
-            line(curves, "k", "pass_at_k", title, color="run_id", x_type="O", domain=list(run_ids))
-        else:
-            empty_state("scored trajectories", "pass@k needs finished trajectories with a reward.")
+    if curves.num_rows:
+        pass_at_k_chart(curves, "pass@k and the tasks it covers", list(run_ids), wide=True)
+        for run_id in run_ids:
+            curve = [r for r in curves.to_pylist() if r["run_id"] == run_id]
+            st.caption(f"{run_id}: {curve_basis(curve, ctx.min_tasks)}")
+    else:
+        empty_state("scored trajectories", "pass@k needs finished trajectories with a reward.")
     with st.expander("Figures by policy version"):
         st.dataframe(frame(versions), hide_index=True, key="compare_versions")
 
@@ -137,6 +130,7 @@ def render(ctx: PageContext) -> None:
         "Reward, pass@1, staleness, turns, tool success and failures: of the trajectories the trainer "
         "consumed at the step. Entropy and mismatch: what the trainer reported (mean over ranks)."
     )
-    small_multiples(steps, "step", BY_STEP, "Q", list(run_ids))
+    hidden = {"pass_at_1": f"Hidden at every step: each consumed fewer than {ctx.min_tasks} tasks."}
+    small_multiples(steps, "step", BY_STEP, "Q", list(run_ids), hidden)
     with st.expander("Figures by trainer step"):
         st.dataframe(frame(steps), hide_index=True, key="compare_steps")

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import streamlit as st
 
-from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame, line
+from trajlake.dashboards.views.charts import line
+from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame, tiles
 
 
 def render(ctx: PageContext) -> None:
     st.header("Entropy")
     rollout = ctx.metric("rollout_entropy", ctx.run_id, ctx.versions)
     trainer = ctx.metric("trainer_entropy", ctx.run_id)
-    cols = st.columns(2)
+    cols = tiles(2)
     latest = rollout.to_pylist()[-1] if rollout.num_rows else None
-    cols[0].metric("Rollout entropy estimate (latest version)", fmt(latest and latest["entropy"]))
+    cols[0].metric(
+        "Rollout entropy, latest version",
+        fmt(latest and latest["entropy"]),
+        help="−mean logprob of the sampled tokens of the latest policy version in the selection",
+    )
     cols[1].metric(
         "Trainer entropy (latest step)",
         fmt(trainer.column("entropy")[-1].as_py() if trainer.num_rows else None),

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pyarrow as pa
 import streamlit as st
 
-from trajlake.dashboards.views.common import CACHE_TTL_S, PageContext, empty_state, frame, line, open_lake
+from trajlake.dashboards.views.charts import line
+from trajlake.dashboards.views.common import CACHE_TTL_S, PageContext, empty_state, frame, open_lake, tiles
 from trajlake.store.config import HealthSettings
 from trajlake.store.health import ALERT, NOT_RECORDED, HealthReport, Signal, diagnose_health
 from trajlake.store.tokenizer import TokenizerNotFound
@@ -18,7 +19,7 @@ from trajlake.store.tokenizer import TokenizerNotFound
 CHARTS = {
     "entropy_collapse": ["entropy"],
     "mismatch_acceleration": ["mismatch"],
-    "reward_length": ["reward", "corr_tokens", "corr_turns"],
+    "reward_length": ["reward", "corr_alike", "growth"],
     "advantage_drift": ["mean", "abs_mean", "std"],
     "tool_error_spike": ["error_rate", "earlier_rate"],
     "garbled_output": ["share", "repetition", "unprintable"],
@@ -52,7 +53,7 @@ def render(ctx: PageContext) -> None:
             f"No alerts: no signal crossed its threshold in any window of {settings.window} steps.",
             icon=":material/check_circle:",
         )
-    cols = st.columns(len(report.signals))
+    cols = tiles(len(report.signals))
     for col, sig in zip(cols, report.signals, strict=True):
         col.metric(sig.title, tile(sig), help=f"{sig.status}: {sig.note or sig.threshold}")
     left, right = st.columns(2)
@@ -78,8 +79,8 @@ def show_signal(sig: Signal, window: int) -> None:
         return
     table = pa.Table.from_pylist(sig.windows)
     measures = [c for c in CHARTS[sig.name] if c in table.column_names]
-    title = f"per window of {window} {sig.axis}s (x = first {sig.axis} of the window)"
-    line(table, "start", measures, title, x_type="O", y_title="")
+    title = f"Per window of {window} {sig.axis}s"
+    line(table, "start", measures, title, x_type="O", y_title="", x_title=f"first {sig.axis} of the window")
     if sig.status == ALERT and sig.alert is not None:
         st.caption(f":orange[Began at {sig.axis} {sig.alert.start}.]")
     with st.expander("Figures per window"):

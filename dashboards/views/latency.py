@@ -10,7 +10,8 @@ import pyarrow.compute as pc
 import streamlit as st
 
 from trajlake.dashboards.latency import MEASURES
-from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame, line
+from trajlake.dashboards.views.charts import MAX_SERIES, line
+from trajlake.dashboards.views.common import PageContext, empty_state, fmt, frame, tiles
 
 NO_LATENCY = (
     "This run's turns carry no `latency_s`. Pass it to `TrajectoryRecorder.turn(..., latency_s=...)`: "
@@ -37,7 +38,7 @@ def render(ctx: PageContext) -> None:
     by_measure = {name: of_measure(figures, name) for name in MEASURES}
     latest = {name: (t.to_pylist()[-1] if t.num_rows else None) for name, t in by_measure.items()}
     version = max(r["policy_version"] for r in latest.values() if r)
-    cols = st.columns(5)
+    cols = tiles(5)
     cols[0].metric("Latency p50", _figure(latest["latency_s"], "p50", " s", 2))
     cols[1].metric("Latency p99", _figure(latest["latency_s"], "p99", " s", 2))
     cols[2].metric("Output tokens / turn p50", _figure(latest["output_tokens"], "p50", "", 0))
@@ -71,6 +72,7 @@ def render(ctx: PageContext) -> None:
 
 
 def render_distribution(ctx: PageContext, names: list[str]) -> None:
+    """One measure's distribution for a few policy versions the user picks (all of them: a line each, unreadable)."""
     st.subheader("Distributions")
     name = st.radio(
         "Distribution of",
@@ -80,8 +82,36 @@ def render_distribution(ctx: PageContext, names: list[str]) -> None:
         format_func=lambda n: MEASURES[n].title,
     )
     hist = ctx.metric("length_histogram", ctx.run_id, name, ctx.versions)
-    line(hist, "bin_start", "share", f"{MEASURES[name].title}, by policy version", color="policy_version")
+    versions = sorted(set(hist.column("policy_version").to_pylist()))
+    chosen = st.multiselect(
+        "Policy versions to compare",
+        versions,
+        default=spread(versions, DEFAULT_VERSIONS),
+        max_selections=MAX_SERIES,
+        key=f"latency_versions:{ctx.run_id}:{ctx.versions}:{name}",
+        help=f"up to {MAX_SERIES}; by default the first, the latest and some between",
+    )
+    if not chosen:
+        st.info("Pick one or more policy versions to draw their distributions.", icon=":material/tune:")
+        return
+    picked = sorted(chosen)
+    shown = hist.filter(
+        pc.is_in(hist.column("policy_version"), pa.array(picked, hist.schema.field("policy_version").type))
+    )
+    title = f"{MEASURES[name].title}, by policy version"
+    line(shown, "bin_start", "share", title, color="policy_version", domain=picked, wide=True)
     st.caption("Share of each version's values per bin; the last bin holds the top 1 % of the selection.")
+
+
+DEFAULT_VERSIONS = 4
+"""Versions the distribution chart opens with: the first, the latest, and evenly spaced ones between."""
+
+
+def spread(values: list[Any], n: int) -> list[Any]:
+    """Up to `n` of `values`, evenly spaced, the first and the last included."""
+    if len(values) <= n:
+        return list(values)
+    return list(dict.fromkeys(values[round(i * (len(values) - 1) / (n - 1))] for i in range(n)))
 
 
 def render_slowest(ctx: PageContext, n_timed: int) -> None:

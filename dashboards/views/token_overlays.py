@@ -17,6 +17,9 @@ OVERLAYS = {
     "trainer_logprob": "Trainer logprob",
     "mismatch": "Train/infer mismatch",
     "entropy": "Entropy",
+    "trainer_entropy": "Trainer entropy",
+    "ratio": "Importance ratio",
+    "loss_action": "Clipped / masked",
     "loss_mask": "Loss mask",
     "advantage": "Advantage",
 }
@@ -27,6 +30,11 @@ LEGENDS = {
     "trainer_logprob": "Model tokens: red, deeper as the trainer's probability of the token falls.",
     "mismatch": "Model tokens: orange, deeper as |sampled logprob − trainer logprob| grows (1 nat: full).",
     "entropy": "Model tokens: purple, deeper as the sampling distribution's entropy grows (4 nats: full).",
+    "trainer_entropy": "Model tokens: purple, deeper as the trainer's entropy at the token grows (4 nats: full).",
+    "ratio": "Model tokens: teal, deeper as the importance ratio exp(trainer − sampled logprob) moves from 1 "
+    "(a factor e: full).",
+    "loss_action": "Model tokens: red where the loss zeroed the gradient (DPPO's mask, PPO's clip), amber where "
+    "it only clipped or truncated the weight (GLM-5, TIS), clear where it kept the token.",
     "loss_mask": "Model tokens: blue when trained on (loss mask true), faded when masked out.",
     "advantage": "Trained model tokens: green for a positive advantage, red for a negative one, "
     "deeper as |advantage| nears the trajectory's largest.",
@@ -68,16 +76,28 @@ def background(overlay: str, value: float | None, scale: float = 1.0) -> str:
     """The CSS background of a model token with figure `value` under `overlay`."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "transparent"
+    if overlay == "ratio":
+        return f"rgba(23,190,207,{0.85 * min(1.0, abs(math.log(max(value, 1e-9)))):.2f})"
+    if overlay == "loss_action":
+        return {2: "rgba(214,39,40,0.55)", 1: "rgba(255,187,51,0.6)"}.get(int(value), "transparent")
     if overlay in ("logprob", "trainer_logprob"):
         return f"rgba(214,39,40,{0.85 * (1 - math.exp(min(0.0, value))):.2f})"
     if overlay == "mismatch":
         return f"rgba(255,127,14,{0.85 * min(1.0, value):.2f})"
-    if overlay == "entropy":
+    if overlay in ("entropy", "trainer_entropy"):
         return f"rgba(148,103,189,{0.85 * min(1.0, value / 4):.2f})"
     if overlay == "loss_mask":
         return "rgba(31,119,180,0.28)" if value else "transparent"
     strength = 0.15 + 0.7 * min(1.0, abs(value) / scale) if scale else 0.15
     return f"rgba(44,160,44,{strength:.2f})" if value >= 0 else f"rgba(214,39,40,{strength:.2f})"
+
+
+LOSS_ACTIONS = {0: "kept", 1: "clipped", 2: "masked"}
+"""`loss_action` per token: what the loss did to it (`trainer_tokens.clipped` / `masked`)."""
+
+
+def _at(values: Sequence[Any] | None, index: int) -> Any:
+    return values[index] if values is not None and index < len(values) else None
 
 
 def _tip(label: str, token: int, figures: dict[str, Any]) -> str:
@@ -121,8 +141,13 @@ def tokens_html(
                 "trainer logprob": trainer[at] if trainer is not None and at < len(trainer) else None,
                 "mask": int(mask[at]) if at < len(mask) else None,
                 "advantage": advantage if overlay == "advantage" else None,
+                "ratio": _at(turn.get("ratio"), at),
+                "loss": LOSS_ACTIONS.get(_at(turn.get("loss_action"), at)),  # type: ignore[arg-type]
             }
-            if overlay not in ("logprob", "loss_mask", "advantage") and value is not None:
+            if (
+                overlay not in ("logprob", "loss_mask", "advantage", "ratio", "loss_action")
+                and value is not None
+            ):
                 figures[OVERLAYS[overlay].lower()] = value
             faded = ";opacity:0.55" if overlay == "loss_mask" and not value else ""
             style = f"background:{background(overlay, value, advantage_scale)};{EDGE}{faded}{gap}"

@@ -1,35 +1,35 @@
 """The demo environment played by a chat model that vLLM serves: same tasks, tools, faults, taxonomy.
 
-The task reaches the model as a user message ("calc 3 + 4") under a one-line system prompt
-naming the tools (`calc`, `python`, and `answer`, which submits the last tool result); their
-JSON schemas (`TOOLS`, what a harness would pass to the chat template) stay out of the prompt,
-which keeps it ~30 tokens instead of ~420, so training and prefill stay cheap on two cores. Each turn the
-engine samples after the conversation's ids (a `ChatSession`: the template is rendered once,
-outputs are appended exactly as returned, tool results are rendered on their own), the tool call
-is parsed from the generated text, the harness writes its arguments from the task, and the
-result comes back as a `tool` message.
+The task is the conversation's only message ("calc 3 + 4"): no system prompt and no tool schemas
+(`TOOLS`, what a harness would pass to the chat template), so the prompt is ~14 tokens. The tiny
+model learns its tools in the warm start, and a long constant prefix slows that down: with a
+20-token constant prefix a model of this size had not learned to copy from the task after 200
+steps (loss 0.58 on a copy task), with 4 tokens it had (0.07).
 
-Learnable in minutes from random weights on two CPU cores: sampling is limited to the action
-tokens (`allowed_token_ids`: one token per argument-free tool call), so a turn is one choice
-among three tools, as in the vocabulary demo. The server reports the logprob of each sampled
-token under that restricted distribution (`--logprobs-mode processed_logprobs`), and the
-trainer recomputes it with the same mask (`HFPolicy(allowed_token_ids=...)`): importance
-ratios and the PPO trust region live in the action space that was sampled, and the
-train/inference mismatch stays a true engine-vs-trainer difference.
+The model writes its tool calls token by token from the full vocabulary, as Qwen-style text
+(`<tool_call>{"name": "calc", "arguments": {"expression": "3 + 4"}}</tool_call>`): which tool,
+the arguments it copies from the task, and when to answer are all its own. Each turn the
+engine samples after the conversation's ids (a `ChatSession`: the template is rendered once,
+outputs are appended exactly as returned, tool results are rendered on their own), the call is
+parsed from the generated text and run by the platform's `ToolRunner`, and the result comes back
+as a `tool` message: a malformed call gets the runner's error and the model a retry turn, long
+output is cut to the tool output budget, and at 80% of the context budget the harness nudges
+the model to answer. A randomly initialised model never writes a call, so `trajlake demo`
+warm-starts it first (`trajlake.demo.warm_start`).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trajlake.common.threads import importing
 from trajlake.demo.envs.config import EnvConfig
-from trajlake.demo.envs.episode import ANSWER, Episode, EpisodeResult
+from trajlake.demo.envs.episode import ANSWER, Action, Episode, EpisodeResult
 from trajlake.demo.envs.tasks import Task
 from trajlake.demo.envs.toolbox import make_runner
-from trajlake.demo.model import DEMO_TOOLS, action_tokens
 from trajlake.ingest.recorder import TrajectoryRecorder
 from trajlake.rollout import taxonomy
 from trajlake.rollout.engine.chat import ChatSession
@@ -37,26 +37,40 @@ from trajlake.rollout.errors import InferenceError
 from trajlake.rollout.tito import ContextLengthExceeded
 from trajlake.rollout.tools import ToolResult, ToolRunner
 
-SYSTEM_PROMPT = "Tools: calc (arithmetic), python (string programs), answer (submits the last result)."
 NO_ACTION_PROMPT = "Call one of the tools."
+NUDGE_TEXT = "Answer now."
+"""The 80% context nudge, a user message."""
+TRUNCATION_MARKER = " [truncated]"
+"""What a tool's output cut to the budget ends with."""
 TOOLS = [
-    {"type": "function", "function": {"name": "calc", "description": "Evaluate the arithmetic expression of the task.",
-                                      "parameters": {"type": "object", "properties": {}}}},
-    {"type": "function", "function": {"name": "python", "description": "Run the string program of the task.",
-                                      "parameters": {"type": "object", "properties": {}}}},
+    {"type": "function", "function": {"name": "calc", "description": "Evaluate an arithmetic expression.",
+                                      "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                                                     "required": ["expression"]}}},
+    {"type": "function", "function": {"name": "python", "description": "Run a string program.",
+                                      "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
+                                                     "required": ["code"]}}},
     {"type": "function", "function": {"name": "answer", "description": "Submit the last tool result as the answer.",
                                       "parameters": {"type": "object", "properties": {}}}},
 ]  # fmt: skip
 
 
-def action_ids(tokenizer: Any) -> list[int]:
-    """The ids of the one-token tool calls the demo samples from (`trajlake model init` adds them)."""
-    ids = [tokenizer.convert_tokens_to_ids(t) for t in action_tokens(DEMO_TOOLS)]
-    if tokenizer.unk_token_id in ids or None in ids:
-        raise ValueError(
-            f"the tokenizer has no one-token tool calls for {DEMO_TOOLS}; build the model with `trajlake model init`"
-        )
-    return ids
+def harness_texts() -> list[str]:
+    """What the harness writes into a conversation besides the task: prompts, the nudge, the marker and
+    the errors of malformed and wrong calls, as the runner words them (the tokenizer learns their words)."""
+    import json
+
+    from trajlake.demo.envs.config import FaultConfig
+    from trajlake.demo.envs.toolbox import make_tools
+
+    env = EnvConfig(faults=FaultConfig.none(), tool_latency_s=0.0)
+    runner = ToolRunner(make_tools(env, random.Random(0)))
+    good = {"name": "calc", "arguments": {"expression": "3 + 4"}}
+    bad = [json.dumps(good)[:-1], '{"name": "calc" "arguments": {}}', '{"name": "calcc", "arguments": {}}',
+           '{"name": "calc", "arguments": {"code": "3 + 4"}}', '{"arguments": {}}',
+           {"name": "calc", "arguments": {"expression": "reverse a b"}},
+           {"name": "python", "arguments": {"code": "3 + 4"}}]  # fmt: skip
+    errors = [runner.call(call).output for call in bad]
+    return [NO_ACTION_PROMPT, NUDGE_TEXT, TRUNCATION_MARKER, *errors]
 
 
 def task_text(task: Task) -> str:
@@ -65,8 +79,8 @@ def task_text(task: Task) -> str:
 
 
 def opening_messages(task: Task) -> list[dict[str, str]]:
-    """The system prompt and the task."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task_text(task)}]
+    """The task as the conversation's one message (no system prompt: see the module's docstring)."""
+    return [{"role": "user", "content": task_text(task)}]
 
 
 @dataclass
@@ -77,24 +91,21 @@ class ChatPolicy:
     tokenizer: Any
     temperature: float = 1.0
     fallback_version: int = 0  # the version recorded when the server reports none
-    action_ids: list[int] = field(default_factory=list)
 
     episode_type = property(lambda self: ChatEpisode)  # run_episode plays a ChatEpisode with this policy
 
     @classmethod
     def from_model_dir(cls, client: Any, model_dir: str | Path, temperature: float = 1.0) -> ChatPolicy:
-        """The policy for a `trajlake model init` directory: its tokenizer and action tokens."""
-        from transformers import AutoTokenizer
+        """The policy for a model directory (`trajlake model init`, warm-started): its tokenizer."""
+        with importing():  # each rollout thread builds its policy: transformers imports on first use
+            from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        return cls(client, tokenizer, temperature, action_ids=action_ids(tokenizer))
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        return cls(client, tokenizer, temperature)
 
     def sample(self, prompt_ids: list[int], max_new_tokens: int) -> Any:
-        """One turn from the engine: a `Completion` whose last token is an action."""
-        return self.client.complete(
-            prompt_ids, max_tokens=max_new_tokens, temperature=self.temperature,
-            allowed_token_ids=self.action_ids, stop_token_ids=self.action_ids,
-        )  # fmt: skip
+        """One turn from the engine, sampled from the full vocabulary: a `Completion` (it ends at <|im_end|>)."""
+        return self.client.complete(prompt_ids, max_tokens=max_new_tokens, temperature=self.temperature)
 
 
 class ChatEpisode(Episode):
@@ -112,8 +123,9 @@ class ChatEpisode(Episode):
     def _make_runner(self) -> ToolRunner:
         tokenizer = self.chat_policy.tokenizer  # tool output is counted and cut in the model's tokens
         return make_runner(
-            self.config, self.rng, self.traj, encode=lambda t: tokenizer.encode(t, add_special_tokens=False)
-        )
+            self.config, self.rng, self.traj, encode=lambda t: tokenizer.encode(t, add_special_tokens=False),
+            truncation_marker=TRUNCATION_MARKER, nudge_text=NUDGE_TEXT,
+        )  # fmt: skip
 
     @property
     def context_len(self) -> int:
@@ -137,7 +149,7 @@ class ChatEpisode(Episode):
         marker = self.runner.config.truncation_marker.strip()
         return tuple(word for word in tool.output.split() if word != marker)
 
-    def _turn(self, max_new_tokens: int, nudged: bool) -> str | None:
+    def _turn(self, max_new_tokens: int, nudged: bool) -> Action:
         done = self.chat_policy.sample(self.session.prompt_ids, max_new_tokens)
         self.appended = self.session.take_pending()
         version = (
@@ -150,9 +162,7 @@ class ChatEpisode(Episode):
         if not turn.tool_calls:
             self.session.add_messages([{"role": "user", "content": NO_ACTION_PROMPT}])
             return None
-        call = turn.tool_calls[0]
-        if call.malformed or call.name is None:
-            self.runner.call(call.raw)  # recorded as a malformed call, counted toward the model's retries
-            self.session.add_messages([{"role": "tool", "content": f"Malformed tool call: {call.error}"}])
-            return None
-        return ANSWER if call.name == ANSWER else call.name
+        call = turn.tool_calls[0]  # one call per turn: the model sees its result before the next
+        if call.name == ANSWER and not call.malformed:
+            return ANSWER
+        return call.raw  # the runner parses it again: a malformed call is recorded and retried

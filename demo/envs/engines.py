@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trajlake.common.threads import importing
 from trajlake.demo.envs.config import EnvConfig
 
 
@@ -51,17 +52,16 @@ class VllmEngine:
     def __init__(
         self, model_dir: str | Path, base_url: str, served_name: str, temperature: float = 1.0
     ) -> None:
-        from transformers import AutoTokenizer
-
-        from trajlake.demo.envs.chat_episode import action_ids
         from trajlake.rollout.engine.weights import WeightSync
 
         self.model_dir = Path(model_dir).resolve()
         self.model = str(self.model_dir)  # trajectories name the directory: its tokenizer decodes them
         self.base_url, self.served_name, self.temperature = base_url, served_name, temperature
-        tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        with importing():  # transformers imports the tokenizer's classes on first use, from any thread
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.vocab_size = len(tokenizer)
-        self.action_ids = action_ids(tokenizer)  # the sampling mask, which the trainer applies too
         self.weights = WeightSync(base_url, serving=(self.model_dir, 0))
         self.weights.push(self.model_dir, 0)  # fresh weights, whatever the server ran before, labelled 0
 

@@ -1,18 +1,20 @@
 """One episode of the demo environment: the multi-turn agent loop, recorded event by event.
 
 Each turn the policy samples token ids (with their logprobs) after the whole context; a
-call token runs a tool through the platform's `ToolRunner`, whose result tokens the
-environment appends; `<answer>` submits the last tool result to the verifier. Every way an
-episode can end maps to a status and, for failures, to an origin (`model` or `system`) and
-a label of the platform's failure taxonomy.
+tool call runs through the platform's `ToolRunner`, whose result tokens the environment
+appends; `<answer>` submits the last tool result to the verifier. A malformed call gets the
+runner's error as its result and the model another turn (a retry), until the runner's retry
+budget is spent. Every way an episode can end maps to a status and, for failures, to an
+origin (`model` or `system`) and a label of the platform's failure taxonomy.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from trajlake.demo.envs import vocab
 from trajlake.demo.envs.config import EnvConfig
@@ -27,6 +29,10 @@ HARNESS = "trajlake-demo-harness"
 VERIFIER = "exact_match+right_tool_credit"
 ANSWER = "answer"
 """The action that submits the last tool result to the verifier."""
+
+Action = str | Mapping[str, Any] | None
+"""What a model turn did: ANSWER, a tool call (`{"name", "arguments"}`, or the raw text of one the
+runner will parse), or None (no action)."""
 
 TRUNCATED_ANSWER = taxonomy.Failure("completed", taxonomy.SYSTEM, taxonomy.TOOL_DESIGN, reward_valid=False)
 """The answer was right but cut off by the tool's output budget: the tool's design, not the model."""
@@ -113,6 +119,8 @@ class Episode:
                 return self._answer()
             if action is not None:
                 failure = self._call(action)
+                if failure is taxonomy.MALFORMED_TOOL_CALLS:
+                    return self._finish(failure, self.runner.give_up_fields()["message"])
                 if failure is not None:
                     return self._finish(failure, self.last_tool.output if self.last_tool else None)
             if self.context_len >= budget:
@@ -142,15 +150,18 @@ class Episode:
         """The answer a submitted tool result stands for (its tokens, without the truncation marker)."""
         return tuple(vocab.TOKENS[i] for i in tool.output_token_ids if i != vocab.TRUNCATED)
 
-    def _turn(self, max_new_tokens: int, nudged: bool) -> str | None:
-        """Sample and record one model turn; return its action: a tool name, ANSWER, or None."""
+    def _turn(self, max_new_tokens: int, nudged: bool) -> Action:
+        """Sample and record one model turn; return its action (a call token's call is the harness's)."""
         started = time.perf_counter()
         ids, logprobs, version = self.policy.sample(self.context, max_new_tokens, vocab.STOP_IDS)
         latency_s = time.perf_counter() - started
         finish = "stop" if ids[-1] in vocab.STOP_IDS else "length"
         self._record_turn(ids, logprobs, version, finish, nudged, latency_s)
         self.context.extend(ids)
-        return ANSWER if ids[-1] == vocab.ANSWER else vocab.TOOL_OF_CALL.get(ids[-1])
+        if ids[-1] == vocab.ANSWER:
+            return ANSWER
+        tool = vocab.TOOL_OF_CALL.get(ids[-1])
+        return None if tool is None else call_arguments(tool, self.task)
 
     def _record_turn(
         self,
@@ -179,17 +190,22 @@ class Episode:
         record.policy_versions.append(int(version))
         self.appended = []
 
-    def _call(self, tool_name: str) -> taxonomy.Failure | None:
-        """Run the model's call (retrying a timeout); return the failure if a system fault ends the episode."""
+    def _call(self, raw_call: str | Mapping[str, Any]) -> taxonomy.Failure | None:
+        """Run the model's call (retrying a timeout); return the failure if it ends the episode: a system
+        fault, or more malformed calls in a row than the runner retries."""
         if self.rng.random() < self.config.faults.harness_fault_rate:
-            raise HarnessBug(f"harness bug: lost the arguments of the {tool_name!r} call")
-        raw_call = call_arguments(tool_name, self.task)
+            raise HarnessBug("harness bug: lost the arguments of the tool call")
         for _ in range(self.config.max_tool_attempts):
             result = self.runner.call(raw_call)
             if result.status != "timeout":
                 break
         self.last_tool = result
-        self.used_right_tool |= result.ok and tool_name == self.task.tool
+        if result.error_type == "malformed_call":
+            if self.runner.should_give_up:
+                return taxonomy.MALFORMED_TOOL_CALLS
+            self._append_result(result)  # the runner's error tells the model what to fix in its retry
+            return None
+        self.used_right_tool |= result.ok and result.tool_name == self.task.tool
         if result.status == "timeout":
             return TOOL_TIMED_OUT
         if result.error_type == "sandbox_crash":
@@ -213,7 +229,8 @@ class Episode:
         self._reward(components)
         if components["correct"] > 0:
             return self._finish(taxonomy.COMPLETED, None)
-        if tool is not None and tool.truncated:
+        # a cut-off answer is the tool's design; a cut-off error message is no answer at all
+        if tool is not None and tool.ok and tool.truncated:
             return self._finish(TRUNCATED_ANSWER, "the answer was cut off by the tool output budget")
         return self._finish(
             taxonomy.Failure("completed", taxonomy.MODEL, taxonomy.MODEL_CAPABILITY), "wrong answer"

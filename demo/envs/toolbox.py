@@ -1,9 +1,11 @@
 """The demo's two tools, a calculator and a code sandbox, run by the platform's `ToolRunner`.
 
-The model only chooses a tool (`<call:calc>` or `<call:python>`); the harness writes the
-call's arguments from the task: an `expression` for arithmetic, `code` for string tasks.
-Calling the calculator with code (or Python with an expression) is therefore a malformed
-call — the model's mistake. System faults are injected at the rates of `FaultConfig`:
+`calc(expression)` evaluates `<digit> <op> <digit>`; `python(code)` runs a string program
+(`reverse a b c`, `count a in a b a`). A chat model writes each call's arguments itself; the
+vocabulary policy only picks a tool (`<call:calc>`, `<call:python>`) and the harness writes
+its arguments from the task (`call_arguments`). Either way the wrong tool gets the task's text
+and fails the way that tool really fails (a `ValueError`, a `SyntaxError`): the model's
+mistake, which it may recover from. System faults are injected at the rates of `FaultConfig`:
 the calculator service hangs past its timeout, the sandbox dies, or the sandbox image
 lacks a module. Each surfaces the way the real fault would, through the runner's typed
 `ToolResult`, so the episode classifies it with the platform's failure taxonomy.
@@ -38,13 +40,15 @@ def encode_text(text: str) -> list[int]:
 
 
 def _calc(expression: str) -> str:
-    a, op, b = expression.split()
-    return " ".join(solve("calc", (a, op, b)))
+    parts = str(expression).split()
+    if len(parts) != 3 or not (parts[0].isdigit() and parts[2].isdigit()) or parts[1] not in vocab.OPERATORS:
+        raise ValueError(f"not an arithmetic expression: {expression!r}")
+    return " ".join(solve("calc", tuple(parts)))
 
 
 def _python(code: str) -> str:
-    kind, *operands = code.split()
-    if kind not in ("reverse", "count"):
+    kind, *operands = str(code).split() or [""]
+    if kind not in ("reverse", "count") or (kind == "count" and operands[1:2] != ["in"]):
         raise SyntaxError(f"invalid syntax: {code!r}")
     return " ".join(solve(kind, tuple(operands)))
 
@@ -72,7 +76,7 @@ def make_tools(config: EnvConfig, rng: random.Random, lock: threading.Lock | Non
     def python(code: str) -> str:
         wait_for_io()
         if draw(faults.sandbox_crash_rate):
-            raise SandboxError("sandbox process was killed (exit 137)", stage="exec", retryable=False)
+            raise SandboxError("sandbox process was killed (exit 137)", stage="exec")
         if draw(faults.missing_dependency_rate):
             raise ModuleNotFoundError("No module named 'strtools' in the sandbox image")
         return _python(code)
@@ -90,24 +94,39 @@ def make_tools(config: EnvConfig, rng: random.Random, lock: threading.Lock | Non
 
 
 def make_runner(
-    config: EnvConfig, rng: random.Random, traj: object, encode: Callable[[str], Sequence[int]] = encode_text
+    config: EnvConfig,
+    rng: random.Random,
+    traj: object,
+    encode: Callable[[str], Sequence[int]] = encode_text,
+    *,
+    truncation_marker: str = " <truncated>",
+    nudge_text: str = "<nudge>",
 ) -> ToolRunner:
     """A `ToolRunner` over the demo tools, recording into `traj`, with budgets from `config`;
-    `encode` turns tool output into the policy's token ids (the demo vocabulary by default)."""
+    `encode` turns tool output into the policy's token ids (the demo vocabulary by default), and the
+    marker and nudge are written in the policy's language."""
     runner_config = ToolRunnerConfig(
         timeout_s=TOOL_TIMEOUT_S,
         max_output_tokens=config.max_tool_output_tokens,
-        truncation_marker=" <truncated>",
+        truncation_marker=truncation_marker,
         nudge_threshold=config.nudge_threshold,
-        nudge_text="<nudge>",
+        nudge_text=nudge_text,
     )
     return ToolRunner(make_tools(config, rng), runner_config, encode=encode, traj=traj)
 
 
+PARAMETER = {"calc": "expression", "python": "code"}
+"""Each tool's one parameter."""
+
+
+def task_argument(task: Task) -> str:
+    """What a call for `task` passes: the arithmetic of a calc task, the whole program of a string task."""
+    return " ".join(task.operands) if task.kind == "calc" else " ".join((task.kind, *task.operands))
+
+
 def call_arguments(tool_name: str, task: Task) -> dict[str, object]:
-    """The call the harness writes for the model's chosen tool: the task's text, named for its kind."""
-    text = " ".join(task.operands) if task.kind == "calc" else " ".join((task.kind, *task.operands))
-    return {"name": tool_name, "arguments": {"expression" if task.kind == "calc" else "code": text}}
+    """The call of `tool_name` on `task` (`{"name", "arguments"}`), as the harness or a teacher writes it."""
+    return {"name": tool_name, "arguments": {PARAMETER[tool_name]: task_argument(task)}}
 
 
 def result_tokens(output_token_ids: Sequence[int], ok: bool) -> list[int]:

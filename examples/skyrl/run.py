@@ -3,16 +3,19 @@
     python examples/skyrl/run.py --lake ./trajlake-data --vllm-url http://127.0.0.1:8000
 
 What it does, top to bottom:
-1. re-runs itself in the SkyRL venv (scripts/framework-venv.sh skyrl: Python 3.12, skyrl 0.4.0 and
-   skyrl-gym 0.4.0 pinned, trajlake installed) unless skyrl is importable here;
+1. re-runs itself in the SkyRL venv (`examples/framework_venv.py`, the one way every example finds
+   its venv: scripts/framework-venv.sh skyrl, Python 3.12, skyrl 0.4.0 and skyrl-gym 0.4.0
+   pinned, trajlake installed) unless skyrl and trajlake import here;
 2. registers a two-turn arithmetic environment (arith_env.py) with skyrl-gym;
 3. builds SkyRL's `SkyRLGymGenerator` through `BasePPOExp.get_generator`, overridden to wrap it in
    trajlake's `RecordingGenerator`, with SkyRL's `RemoteInferenceClient` on the vLLM server (token
    ids and logprobs from `/inference/v1/generate`, served when vLLM runs with --enable-scale-out,
    as `trajlake vllm up` starts it), and generates `--steps` batches the way the trainer does;
-4. writes the events into the lake, then asks `LakeGenerator` for one trainer step's batch (the
-   staleness-filtered groups from the lake, the other direction) and checks it with SkyRL's own
-   `validate_generator_output`.
+4. writes the events into the lake as they come (a sink thread: SIGINT/SIGTERM commits what it
+   holds) and prints what the lake stored (status, reward, tokens as the lake counts them), then
+   asks `LakeGenerator` for one trainer step's batch (the staleness-filtered groups from the lake,
+   the other direction) and checks it with SkyRL's own `validate_generator_output`. It exits 1
+   when no rollout finished without a system failure.
 """
 
 from __future__ import annotations
@@ -21,23 +24,14 @@ import argparse
 import asyncio
 import logging
 import os
-import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-
-
-def in_skyrl_venv() -> None:
-    """Re-exec in the SkyRL venv unless skyrl is importable here."""
-    try:
-        import skyrl.train  # noqa: F401
-    except ImportError:
-        venv = subprocess.run([str(ROOT / "scripts" / "framework-venv.sh"), "skyrl"], check=True,
-                              capture_output=True, text=True).stdout.strip().splitlines()[-1]  # fmt: skip
-        os.execv(f"{venv}/bin/python", [f"{venv}/bin/python", __file__, *sys.argv[1:]])
+sys.path.insert(0, str(HERE.parent))  # examples/: framework_venv
+from framework_venv import enter  # noqa: E402
 
 
 def main() -> int:
@@ -51,7 +45,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=1, help="batches to generate")
     p.add_argument("--run-id", default="skyrl-example")
     args = p.parse_args()
-    in_skyrl_venv()
+    enter("skyrl", "skyrl.train")
+    from trajlake.ingest import shutdown
+
+    return shutdown.run(lambda: run(args), "examples/skyrl")
+
+
+def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # the client tells a SkyRL router each trajectory's end (/finish_session); a bare vLLM answers 404
     logging.getLogger("skyrl.backends.skyrl_train.inference_servers.remote_inference_client").setLevel(
@@ -70,8 +70,9 @@ def main() -> int:
 
     from trajlake.ingest.bus.inprocess import InProcessBus
     from trajlake.ingest.recorder import Recorder
-    from trajlake.ingest.sink import DeltaSink, SinkConfig
+    from trajlake.ingest.sink import DeltaSink, SinkConfig, SinkThread
     from trajlake.rollout.adapters.skyrl import LakeGenerator, RecordingGenerator
+    from trajlake.rollout.adapters.stored import StoredTrajectories
     from trajlake.store.catalog import Catalog
     from trajlake.store.lake import Lake
     from trajlake.trainer.config import SamplerConfig
@@ -83,8 +84,12 @@ def main() -> int:
     skyrl_gym.register(id="arith", entry_point="arith_env:ArithEnv")
     served = httpx.get(f"{args.vllm_url.rstrip('/')}/v1/models", timeout=30).json()["data"][0]
     model, model_dir = args.model or served["id"], args.model_dir or served.get("root") or served["id"]
+    lake = Lake(args.lake)
     bus = InProcessBus(topic="skyrl-example")
-    recorder = Recorder(bus, args.run_id, producer_id="skyrl-example")
+    # offsets of a throwaway in-process topic are not kept: a later run's bus starts at 0 again
+    sink = SinkThread(DeltaSink(lake, bus, SinkConfig(max_latency_s=1, exactly_once=False)))
+    producer_id = f"skyrl-example-{uuid.uuid4().hex[:8]}"  # what this run stored, read back below
+    recorder = Recorder(bus, args.run_id, producer_id=producer_id)
 
     class Exp(BasePPOExp):
         def get_generator(self, cfg, tokenizer, inference_engine_client):  # the one override
@@ -119,11 +124,11 @@ def main() -> int:
     start = time.monotonic()
     asyncio.run(rollouts())
     seconds = time.monotonic() - start
-    lake = Lake(args.lake)
-    stats = DeltaSink(lake, bus, SinkConfig(max_latency_s=60, exactly_once=False)).run(until_idle_s=0.0)
-    print(f"recorded {generator.trajectories} trajectories, {generator.turns} turns, {generator.tokens} tokens in "
-          f"{seconds:.1f} s ({stats.events} events, {stats.dead_letters} dead letters) into {args.lake} run "
-          f"{args.run_id!r}")  # fmt: skip
+    stats = sink.stop()
+    stored = StoredTrajectories.read(lake, args.run_id, producer_id)
+    print(f"ran {args.steps} SkyRL generation steps in {seconds:.1f} s; {stats.events} events, "
+          f"{stats.dead_letters} dead letters into {args.lake}")  # fmt: skip
+    print(stored.render())
 
     # the other direction: one trainer step's batch from the lake (any rewards, any staleness <= 4)
     config = SamplerConfig(run_id=args.run_id, groups_per_batch=args.prompts, group_size=args.samples,
@@ -138,7 +143,7 @@ def main() -> int:
           f"(validate_generator_output passed); rewards {output['rewards']}")  # fmt: skip
     for warning in generator.warnings[:10]:
         print(f"warning: {warning}", file=sys.stderr)
-    return 1 if stats.dead_letters else 0
+    return stored.exit_code(stats.dead_letters)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ its key is the trajectory id, so a trajectory stays ordered on one partition. A 
 that hands over many trajectories at once may pack those bound for the same partition into
 one message (`Packing`), keyed by the first of them: still one partition per trajectory. Every
 message the sink sees has a `SourcePosition`, which is what exactly-once is built on.
-A backend implements the roles it can play: `InProcessBus` and `KafkaBus` both (`Bus`); a
-worker's `CollectingBus` only publishes.
+A backend implements each role it plays: `InProcessBus` both (`Bus`); on Kafka,
+`KafkaPublisher` publishes, `KafkaSubscriber` consumes and `KafkaAdmin` answers the rest
+(`KafkaBus` composes the first two for a process that does both); a worker's `CollectingBus`
+only publishes.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from trajlake.schemas.errors import TrajlakeError
-
-PartitionCallback = Callable[[list[int]], None]
 
 
 class BusUnreachable(TrajlakeError, ConnectionError):
@@ -123,19 +123,36 @@ class Publisher(Protocol):
         ...
 
 
+class RebalanceListener(Protocol):
+    """Told which partitions a consumer group moves to or away from one consumer (the sink is one)."""
+
+    def on_assigned(self, partitions: list[int]) -> None:
+        """`partitions` are this consumer's now: continue each from the position the lake holds."""
+        ...
+
+    def on_revoked(self, partitions: list[int]) -> None:
+        """`partitions` go to another consumer: commit what was read of them while still their owner."""
+        ...
+
+    def on_lost(self, partitions: list[int]) -> None:
+        """The group dropped this consumer (it stalled): others own `partitions`; drop what was read."""
+        ...
+
+
 @runtime_checkable
 class Consumer(Protocol):
     """Hands messages of a topic to one sink, with their positions.
 
-    Where consumers form a group (Kafka), partitions move between them: the consumer calls
-    `on_assigned` / `on_revoked` / `on_lost` with the partitions concerned. A consumer
-    without a group owns every partition for good and never calls them.
+    Where consumers form a group (Kafka), partitions move between them and the consumer tells
+    its `RebalanceListener` (`listen`). A consumer without a group owns every partition for
+    good and tells it nothing.
     """
 
     topic: str
-    on_assigned: PartitionCallback | None
-    on_revoked: PartitionCallback | None
-    on_lost: PartitionCallback | None
+
+    def listen(self, listener: RebalanceListener) -> None:
+        """Tell `listener` of every partition assignment, revocation or loss from now on."""
+        ...
 
     def poll(self, max_messages: int = 1000, timeout_s: float = 0.1) -> list[Message]:
         """Return up to `max_messages` messages, waiting at most `timeout_s` for the first."""
@@ -161,6 +178,15 @@ class Consumer(Protocol):
         """Messages behind the end of each assigned partition."""
         ...
 
+    def end_offsets(self) -> dict[int, int]:
+        """Every partition of the topic, assigned here or not -> its end offset, asked afresh (the
+        last stable offset: what a read_committed consumer can reach)."""
+        ...
+
+    def group_state(self) -> str:
+        """The consumer group's state and members, in words (for a drain that cannot finish)."""
+        ...
+
     def close(self) -> None:
         """Leave the group (if any) and release connections."""
         ...
@@ -168,4 +194,4 @@ class Consumer(Protocol):
 
 @runtime_checkable
 class Bus(Publisher, Consumer, Protocol):
-    """Both roles over one topic: what `setup_bus` builds."""
+    """Both roles over one topic: what `setup_bus` builds (a process that publishes and sinks)."""

@@ -8,8 +8,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trajlake.ingest import codec
-from trajlake.ingest.bus.base import Bus, Message, PartitionCallback, SourcePosition, SpoolStats
+from trajlake.ingest import codec, shutdown
+from trajlake.ingest.bus.base import Bus, Message, RebalanceListener, SourcePosition, SpoolStats
 
 
 def partition_for(key: str | None, partitions: int) -> int:
@@ -29,7 +29,7 @@ def group_by_trajectory(events: Sequence[Mapping[str, Any]]) -> dict[str | None,
 class InProcessBus(Bus):
     """Thread-safe in-memory bus; the test double for `KafkaBus`, with the same message path.
 
-    One consumer, no group: it owns every partition, so the rebalance callbacks are never called.
+    One consumer, no group: it owns every partition, so its rebalance listener is never told anything.
     """
 
     def __init__(self, topic: str | None = None, partitions: int = 4) -> None:
@@ -40,9 +40,12 @@ class InProcessBus(Bus):
         self._logs: list[list[Message]] = [[] for _ in range(partitions)]
         self._next: list[int] = [0] * partitions
         self._cond = threading.Condition()
-        self.on_assigned: PartitionCallback | None = None
-        self.on_revoked: PartitionCallback | None = None
-        self.on_lost: PartitionCallback | None = None
+        self.listener: RebalanceListener | None = None
+        shutdown.hold(self, shutdown.CHECK)
+
+    def listen(self, listener: RebalanceListener) -> None:
+        """Kept, never told anything: no group moves this bus's partitions."""
+        self.listener = listener
 
     def publish(self, events: Sequence[Mapping[str, Any]]) -> int:
         groups = group_by_trajectory(events)
@@ -97,6 +100,14 @@ class InProcessBus(Bus):
         with self._cond:
             return {p: len(self._logs[p]) - self._next[p] for p in range(self.partitions)}
 
+    def end_offsets(self) -> dict[int, int]:
+        with self._cond:
+            return {p: len(self._logs[p]) for p in range(self.partitions)}
+
+    def group_state(self) -> str:
+        """No group: this bus's one consumer owns every partition."""
+        return "in-process bus, one consumer, no group"
+
     def commit_offsets(self, next_offsets: Mapping[int, int]) -> None:
         """Nothing to do: offsets live in the Delta log, and nothing else reads them here."""
 
@@ -109,3 +120,13 @@ class InProcessBus(Bus):
 
     def close(self) -> None:
         """Nothing to release; the messages stay readable."""
+
+    def settle(self, deadline: float) -> str | None:
+        """A stop, after the sinks committed: say what nothing read (it dies with the process)."""
+        left = self.pending()
+        if not left:
+            return None
+        return (
+            f"LOST: {left:,} messages on the in-process bus {self.topic} were never written to a lake: no "
+            "sink read them (run a SinkThread on an in-process bus, or use Kafka)"
+        )

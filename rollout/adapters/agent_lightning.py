@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from trajlake.ingest import shutdown
 from trajlake.rollout import taxonomy
 from trajlake.rollout.config import AgentLightningSettings
 from trajlake.rollout.errors import RolloutError
@@ -81,7 +82,7 @@ class AglCall:
     prompt_token_ids: list[int]
     response_token_ids: list[int]
     log_probs: list[float] | None
-    policy_version: int = 0
+    policy_version: int | None = None  # the registered model's version; None: the record has none
     model: str | None = None
     finish_reason: str | None = None
     latency_s: float | None = None
@@ -204,7 +205,7 @@ def _call(triplet: Mapping[str, Any], full: Mapping[str, Any]) -> AglCall:
         prompt_token_ids=[int(t) for t in triplet.get("prompt_token_ids") or []],
         response_token_ids=[int(t) for t in triplet.get("response_token_ids") or []],
         log_probs=triplet.get("response_log_probs"),
-        policy_version=int(server.get("version") or 0),
+        policy_version=None if server.get("version") is None else int(server["version"]),
         model=server.get("model"),
         finish_reason=full.get("finish_reason") or (choice.get("finish_reason") if choice else None),
         latency_s=None if latency_ms is None else float(latency_ms) / 1000,
@@ -340,9 +341,10 @@ def record_rollout(session: ImportSession, rollout: AglRollout) -> bool:
         },
     )
     for i, call in enumerate(turns):
+        version = session.policy_version if call.policy_version is None else call.policy_version
         if not call.has_tokens:  # kept as text, never re-tokenised: no loss may be taken on it
             session.report.warnings.append(f"{rollout.rollout_id}: call {i} has no token ids; stored as text")
-            traj.turn([], [], call.policy_version, input_token_ids=[], finish_reason=call.finish_reason,
+            traj.turn([], [], version, input_token_ids=[], finish_reason=call.finish_reason,
                       latency_s=call.latency_s, attributes={"tokens_recorded": False, "prompt": call.prompt_text,
                                                             "completion": call.completion_text})  # fmt: skip
         else:
@@ -351,7 +353,7 @@ def record_rollout(session: ImportSession, rollout: AglRollout) -> bool:
                 n = len(call.response_token_ids)
                 logprobs, mask = [0.0] * n, [False] * n
                 session.report.warnings.append(f"{rollout.rollout_id}: call {i} has no logprobs; loss_mask 0")
-            traj.turn(call.response_token_ids, logprobs, call.policy_version,
+            traj.turn(call.response_token_ids, logprobs, version,
                       full_input_token_ids=call.prompt_token_ids, loss_mask=mask,
                       finish_reason=call.finish_reason, latency_s=call.latency_s)  # fmt: skip
         session.report.turns += 1
@@ -378,12 +380,26 @@ class AglPoller:
     """Reads the terminal-rollouts log page by page into the lake; the cursor lives in the catalog."""
 
     def __init__(
-        self, lake: Lake, catalog: Catalog, client: AglClient, run_id: str, config: AgentLightningSettings
+        self,
+        lake: Lake,
+        catalog: Catalog,
+        client: AglClient,
+        run_id: str,
+        config: AgentLightningSettings,
+        policy_version: int | None = None,
+        producer_id: str | None = None,
     ) -> None:
         self.lake, self.catalog, self.client = lake, catalog, client
         self.run_id, self.config = run_id, config
         self.cursor_key = f"{SOURCE}:{client.url}"
-        self.session = ImportSession(lake, run_id, SOURCE, batch=config.page_size)
+        self.session = ImportSession(
+            lake,
+            run_id,
+            SOURCE,
+            batch=config.page_size,
+            policy_version=policy_version,
+            producer_id=producer_id,
+        )
         saved = catalog.source_cursor(run_id, self.cursor_key)
         self.position: int = saved[0] if saved is not None else 0
         self.last_key: str | None = saved[1] if saved is not None else None
@@ -412,7 +428,8 @@ class AglPoller:
             rollout = self.client.rollout(item["rollout_id"])
             if rollout is None:
                 continue  # deleted since it finished: nothing left to store
-            record_rollout(self.session, rollout)
+            with self.session.recording():
+                record_rollout(self.session, rollout)
             if on_rollout is not None:
                 on_rollout(rollout)
         self.session.drain()  # committed to the lake first, then the cursor: a crash in between replays
@@ -429,22 +446,34 @@ class AglPoller:
         self,
         stop_event: threading.Event | None = None,
         on_rollout: Callable[[AglRollout], None] | None = None,
+        on_poll: Callable[[], None] | None = None,
     ) -> ImportReport:
-        """Import until caught up, or with `follow` until `stop_event` is set; return the report."""
+        """Import until caught up, or with `follow` until `stop_event` is set or a stop signal
+        (`shutdown.StopRequested`) comes; return the report (`stopped_by` names the signal).
+
+        `on_poll` runs after every poll, caught up or not (a follower's progress line while idle).
+        """
         stop_event = stop_event or threading.Event()
-        while not stop_event.is_set():
-            try:
-                caught_up = self.poll_once(on_rollout)
-            except AgentLightningError as err:
-                if not (self.config.follow and err.retryable):
-                    raise
-                # the server may be restarting: a follower waits for it
-                log.warning("%s; retrying in %.1f s", err, self.config.poll_interval_s)
-                caught_up = True
-            if caught_up:
-                if not self.config.follow:
-                    break
-                stop_event.wait(self.config.poll_interval_s)
+        try:
+            while not stop_event.is_set():
+                try:
+                    caught_up = self.poll_once(on_rollout)
+                except AgentLightningError as err:
+                    if not (self.config.follow and err.retryable):
+                        raise
+                    # the server may be restarting: a follower waits for it
+                    log.warning("%s; retrying in %.1f s", err, self.config.poll_interval_s)
+                    caught_up = True
+                if on_poll is not None:
+                    on_poll()
+                if caught_up:
+                    if not self.config.follow:
+                        break
+                    stop_event.wait(self.config.poll_interval_s)
+        except (
+            shutdown.StopRequested
+        ) as stop:  # every rollout recorded is committed; the cursor is at its page
+            return self.session.close(stop)
         return self.session.close()
 
 
@@ -456,13 +485,19 @@ def import_agent_lightning(
     catalog_url: str | None = None,
     stop_event: threading.Event | None = None,
     on_rollout: Callable[[AglRollout], None] | None = None,
+    on_poll: Callable[[], None] | None = None,
+    policy_version: int | None = None,
+    producer_id: str | None = None,
 ) -> ImportReport:
-    """Import the finished rollouts of an Agent Lightning server into `lake` under `run_id`."""
+    """Import the finished rollouts of an Agent Lightning server into `lake` under `run_id`;
+    `policy_version`: of calls whose record has no model version (unknown when None);
+    `producer_id`: what the events carry (default `trajlake-import-agent-lightning`)."""
     client = AglClient(config)
     catalog = Catalog.for_lake(lake.root, catalog_url)
     try:
         client.check_version()
-        return AglPoller(lake, catalog, client, run_id, config).run(stop_event, on_rollout)
+        poller = AglPoller(lake, catalog, client, run_id, config, policy_version, producer_id)
+        return poller.run(stop_event, on_rollout, on_poll)
     finally:
         client.close()
         catalog.close()

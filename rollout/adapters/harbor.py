@@ -85,11 +85,16 @@ class HarborHook:
 
     `retry`: the job's `RetryConfig` (`attach` reads it from `job.config.retry`); without it no
     attempt is taken as retried. `policy_version`: the weight version served (an int, or a
-    callable read as each trial is recorded). Safe to share between concurrent trials.
+    callable read as each trial is recorded); None (Harbor records none) stores it as unknown.
+    Safe to share between concurrent trials.
     """
 
     def __init__(
-        self, recorder: Recorder, *, retry: Any = None, policy_version: int | Callable[[], int] = 0
+        self,
+        recorder: Recorder,
+        *,
+        retry: Any = None,
+        policy_version: int | Callable[[], int | None] | None = None,
     ) -> None:
         self.version = installed_version()
         self.recorder = recorder

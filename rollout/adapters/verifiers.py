@@ -7,7 +7,7 @@ functions, so trajlake installs and imports without it):
     episode = await tap.run_episode(env, task, ctx)     # in-process: Env.run_episode(on_trace=..., on_discard=...)
     episode = await tap.run_client(env_client, client, model, sampling, task_data)
                                                         # prime-rl: EnvClient.run(on_delta=...)
-    trajlake import verifiers traces.jsonl --lake L --run-id R   # a finished `vf-eval` run
+    trajlake import verifiers traces.jsonl --lake L --run R      # a finished `vf-eval` run
 
 Each verifiers `Trace` (one agent's rollout) becomes one trajectory, its id derived from the
 trace id, ended exactly once: a per-agent retry (`on_discard`, or a `discard` delta) ends the
@@ -184,7 +184,7 @@ def record_trace(
     recorder: Recorder,
     trace: Mapping[str, Any],
     *,
-    policy_version: int = 0,
+    policy_version: int | None = None,
     sample_index: int = 0,
     retried: str | None = None,
     rounded: bool = False,
@@ -321,10 +321,13 @@ class VerifiersTap:
     """Records verifiers traces through a trajlake `Recorder`, each trace once.
 
     `policy_version`: the weight version the engine served (an int, or a callable read when
-    each trace is recorded). Thread-safe: rollouts may finish on several event loops.
+    each trace is recorded); None (verifiers stamps none on a trace) stores it as unknown.
+    Thread-safe: rollouts may finish on several event loops.
     """
 
-    def __init__(self, recorder: Recorder, *, policy_version: int | Callable[[], int] = 0) -> None:
+    def __init__(
+        self, recorder: Recorder, *, policy_version: int | Callable[[], int | None] | None = None
+    ) -> None:
         self.version = installed_version()
         self.recorder = recorder
         self.policy_version = policy_version
@@ -569,10 +572,16 @@ def read_traces_file(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
 
 
 def import_verifiers(
-    lake: Lake, files: Sequence[str | Path], run_id: str, *, progress: Any = None
+    lake: Lake,
+    files: Sequence[str | Path],
+    run_id: str,
+    *,
+    progress: Any = None,
+    policy_version: int | None = None,
 ) -> ImportReport:
-    """Import the traces of finished `vf-eval` runs (`traces.jsonl`) into `lake` under `run_id`."""
-    session = ImportSession(lake, run_id, SOURCE)
+    """Import the traces of finished `vf-eval` runs (`traces.jsonl`) into `lake` under `run_id`;
+    `policy_version`: the version that generated them (a trace records none), unknown when None."""
+    session = ImportSession(lake, run_id, SOURCE, policy_version=policy_version)
     samples: dict[str, int] = {}
     paths = []
     for name in files:
@@ -597,13 +606,15 @@ def import_verifiers(
             sample = samples.get(key, 0)
             samples[key] = sample + 1
             trajectory_id = trajectory_id_of(run_id, str(trace["id"]))
-            if session.already_imported(trajectory_id):
-                continue
-            rec = record_trace(session.recorder, trace, sample_index=sample, rounded=True)
-            session.report.turns += rec.turns
-            session.report.tool_calls += rec.tool_calls
-            session.report.warnings.extend(rec.warnings)
-            session.done_one(trajectory_id)
+            with session.recording():
+                if session.already_imported(trajectory_id):
+                    continue
+                rec = record_trace(session.recorder, trace, sample_index=sample, rounded=True,
+                                   policy_version=policy_version)  # fmt: skip
+                session.report.turns += rec.turns
+                session.report.tool_calls += rec.tool_calls
+                session.report.warnings.extend(rec.warnings)
+                session.done_one(trajectory_id)
             if progress is not None:
                 progress.update(1)
     return session.close()

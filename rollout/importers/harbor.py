@@ -11,6 +11,9 @@ a trial without token ids is imported with its outcome and no turns.
 The reward comes from the verifier, and the outcome from `exception_info` through the
 failure taxonomy: no verifier result at all is a system `verifier_error` with no reward, a
 context-length error is a model-side `context_exhausted`, a rate limit is system `infra`.
+What a verifier needs to judge the trial again is kept too: the agent's last message as
+`final_answer`, and the trial directory's files as the `artifacts` manifest (small ones copied
+into the lake), so `trajlake rescore` works after the job directory is gone.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from trajlake.rollout.importers.base import (
     RecordedTrajectory,
     stable_trajectory_id,
 )
+from trajlake.store.artifacts import manifest
 from trajlake.store.lake import Lake
 
 CODE_EXECUTION_TOOLS = frozenset(
@@ -93,6 +97,8 @@ class HarborTrial:
     tool_calls: list[HarborToolCall] = field(default_factory=list)
     token_source: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
+    final_answer: str | None = None
+    """The agent's last message (ATIF), what a re-score judges again."""
 
     @classmethod
     def from_dir(cls, path: Path) -> HarborTrial:
@@ -142,6 +148,7 @@ class HarborTrial:
         if atif_path is not None and atif_path.exists():
             steps = _load_json(atif_path).get("steps") or []
             atif_turns, trial.tool_calls = _from_atif_steps(steps)
+            trial.final_answer = _final_answer(steps)
             if not trial.turns and atif_turns:
                 trial.turns = atif_turns
                 trial.token_source = "atif" if any(t.has_tokens for t in atif_turns) else None
@@ -176,6 +183,16 @@ def _main_reward(rewards: Mapping[str, Any] | None) -> float | None:
     if len(rewards) == 1:
         return float(next(iter(rewards.values())))
     return float(sum(float(v) for v in rewards.values()) / len(rewards))
+
+
+def _final_answer(steps: Sequence[Mapping[str, Any]]) -> str | None:
+    """The message of the last agent step, as text (None without one)."""
+    messages = [
+        s.get("message") for s in steps if s.get("source") == "agent" and s.get("message") is not None
+    ]
+    if not messages:
+        return None
+    return messages[-1] if isinstance(messages[-1], str) else json.dumps(messages[-1])
 
 
 def _turns_from_rollout_detail(detail: Mapping[str, Any]) -> list[HarborTurn]:
@@ -253,12 +270,15 @@ def record_trial(
     *,
     trajectory_id: str | None = None,
     retried: str | None = None,
-    policy_version: int = 0,
+    policy_version: int | None = None,
+    artifacts: list[dict[str, Any]] | None = None,
 ) -> RecordedTrajectory:
     """Record one trial as one finished trajectory through `recorder`.
 
     `retried`: Harbor abandoned this attempt and runs the trial again (why); it ends as a system
-    failure tagged `retried`, so no reward from it is trained on.
+    failure tagged `retried`, so no reward from it is trained on. `policy_version`: the weight
+    version served, None (stored as unknown) when not known. `artifacts`: the manifest of the trial
+    directory's files (`store.artifacts.manifest`), for a re-score.
     """
     result = RecordedTrajectory(trajectory_id or trajectory_id_of(recorder.run_id, trial.trial_name))
     failure, reward, verifier_error = trial.outcome()
@@ -320,6 +340,8 @@ def record_trial(
         failure_origin=failure.origin,
         failure_label=failure.label,
         message=(message or None) and message[:2000],
+        final_answer=trial.final_answer,
+        artifacts=artifacts or None,
     )
     return result
 
@@ -357,21 +379,30 @@ def iter_trials(job_dir: Path, report: ImportReport) -> Iterator[tuple[HarborTri
 
 
 def import_harbor(
-    lake: Lake, job_dir: Path | str, run_id: str, *, progress: Any | None = None
+    lake: Lake,
+    job_dir: Path | str,
+    run_id: str,
+    *,
+    progress: Any | None = None,
+    policy_version: int | None = None,
 ) -> ImportReport:
-    """Import every trial of a Harbor job directory into `lake` under `run_id`."""
-    session = ImportSession(lake, run_id, "harbor")
+    """Import every trial of a Harbor job directory into `lake` under `run_id`; `policy_version`:
+    the version that generated the turns (Harbor records none), unknown when None."""
+    session = ImportSession(lake, run_id, "harbor", policy_version=policy_version)
     trials = find_trials(Path(job_dir))
     if not trials:
         raise ImportFormatError("no trial directories (*/result.json) found", path=str(job_dir))
     for trial, index in iter_trials(Path(job_dir), session.report):
         trajectory_id = trajectory_id_of(run_id, trial.trial_name)
-        if not session.already_imported(trajectory_id):
-            rec = record_trial(session.recorder, trial, index, trajectory_id=trajectory_id)
-            session.report.turns += rec.turns
-            session.report.tool_calls += rec.tool_calls
-            session.report.warnings.extend(rec.warnings)
-            session.done_one(trajectory_id)
+        with session.recording():
+            if not session.already_imported(trajectory_id):
+                artifacts = manifest(lake, trial.path) if trial.path.is_dir() else None
+                rec = record_trial(session.recorder, trial, index, trajectory_id=trajectory_id,
+                                   policy_version=policy_version, artifacts=artifacts)  # fmt: skip
+                session.report.turns += rec.turns
+                session.report.tool_calls += rec.tool_calls
+                session.report.warnings.extend(rec.warnings)
+                session.done_one(trajectory_id)
         if progress is not None:
             progress.update(1)
     return session.close()

@@ -266,7 +266,12 @@ def _reward(value: float | list[float] | None) -> tuple[float | None, dict[str, 
 
 
 def _text_turn(
-    rec: Any, result: RecordedTrajectory, label: str, text: str | None, version: int, reason: str | None
+    rec: Any,
+    result: RecordedTrajectory,
+    label: str,
+    text: str | None,
+    version: int | None,
+    reason: str | None,
 ) -> None:
     """A turn the engine answered without token ids: its text, flagged, never re-tokenised."""
     result.warnings.append(f"{label}: turn {result.turns} has no token ids; stored as text")
@@ -276,7 +281,7 @@ def _text_turn(
 
 
 def _turns_from_rows(
-    rec: Any, traj: SkyrlTrajectory, version: int, result: RecordedTrajectory, label: str
+    rec: Any, traj: SkyrlTrajectory, version: int | None, result: RecordedTrajectory, label: str
 ) -> None:
     for step in traj.steps:
         if not step.response_ids and step.text is not None:
@@ -301,7 +306,7 @@ def _turns_from_calls(
     rec: Any,
     traj: SkyrlTrajectory,
     calls: Sequence[EngineCall],
-    version: int,
+    version: int | None,
     result: RecordedTrajectory,
     label: str,
 ) -> None:
@@ -326,7 +331,7 @@ def record_skyrl_trajectory(
     traj: SkyrlTrajectory,
     trajectory_id: str,
     *,
-    policy_version: int = 0,
+    policy_version: int | None = None,
     group_id: str | None = None,
     calls: Sequence[EngineCall] | None = None,
     attributes: Mapping[str, Any] | None = None,
@@ -376,19 +381,27 @@ def record_trajectory(session: ImportSession, traj: SkyrlTrajectory, source: str
     trajectory_id = stable_trajectory_id(
         session.report.run_id, SOURCE, f"{source}:{traj.instance_id}:{traj.repetition_id}"
     )
-    if session.already_imported(trajectory_id):
-        return
-    done = record_skyrl_trajectory(session.recorder, traj, trajectory_id, attributes={"file": source})
-    session.report.turns += done.turns
-    session.report.warnings.extend(done.warnings)
-    session.done_one()
+    with session.recording():
+        if session.already_imported(trajectory_id):
+            return
+        done = record_skyrl_trajectory(session.recorder, traj, trajectory_id, attributes={"file": source},
+                                       policy_version=session.policy_version)  # fmt: skip
+        session.report.turns += done.turns
+        session.report.warnings.extend(done.warnings)
+        session.done_one()
 
 
 def import_skyrl(
-    lake: Lake, paths: Sequence[Path | str], run_id: str, *, progress: Any | None = None
+    lake: Lake,
+    paths: Sequence[Path | str],
+    run_id: str,
+    *,
+    progress: Any | None = None,
+    policy_version: int | None = None,
 ) -> ImportReport:
-    """Import SkyRL GeneratorOutput dump files into `lake` under `run_id`."""
-    session = ImportSession(lake, run_id, "skyrl")
+    """Import SkyRL GeneratorOutput dump files into `lake` under `run_id`; `policy_version`: the
+    version that generated them (a dump records none), unknown when None."""
+    session = ImportSession(lake, run_id, "skyrl", policy_version=policy_version)
     for path in map(Path, paths):
         steps = [s for output in load_outputs(path) for s in iter_steps(output)]
         for traj in group_trajectories(steps):

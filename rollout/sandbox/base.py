@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from trajlake.common.threads import DeadlineExceeded, call_with_deadline
 from trajlake.rollout.config import SandboxConfig
 from trajlake.rollout.errors import SandboxTimeout
-from trajlake.schemas.threads import DeadlineExceeded, call_with_deadline
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ class LocalSandbox(Sandbox):
 
     def exec(self, command: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
         if self.terminated:
-            raise SandboxError("the sandbox is terminated; create a new one", stage="exec", retryable=False)
+            raise SandboxError("the sandbox is terminated; create a new one", stage="exec")
         timeout = timeout_s or self.config.exec_timeout_s
         started = time.monotonic()
         proc = subprocess.Popen(

@@ -23,9 +23,7 @@ def _import_modal() -> ModuleType:
     try:
         import modal
     except ImportError as err:
-        raise SandboxError(
-            "the modal backend needs `pip install trajlake[modal]`", stage="create", retryable=False
-        ) from err
+        raise SandboxError("the modal backend needs `pip install trajlake[modal]`", stage="create") from err
     return modal
 
 
@@ -59,7 +57,7 @@ class ModalSandbox(Sandbox):
 
     def exec(self, command: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
         if self.terminated:
-            raise SandboxError("the sandbox is terminated; create a new one", stage="exec", retryable=False)
+            raise SandboxError("the sandbox is terminated; create a new one", stage="exec")
         timeout = timeout_s or self.config.exec_timeout_s
         started = time.monotonic()
 

@@ -20,13 +20,20 @@ RUN_ID = "dash-run"
 OTHER_RUN_ID = "dash-run-b"
 
 
-def build_lake(root: Path, trajectories: int = 192, trainer: bool = True, run_id: str = RUN_ID) -> Lake:
+def build_lake(
+    root: Path,
+    trajectories: int = 192,
+    trainer: bool = True,
+    run_id: str = RUN_ID,
+    policy_versions: int = 4,
+    group_size: int = 16,
+) -> Lake:
     """A lake with one loadgen run; with `trainer`, also three consumed batches and trainer steps."""
     lake = Lake(root)
     bus = InProcessBus(partitions=2)
     config = LoadgenConfig(
         trajectories=trajectories, run_id=run_id, turns=4, prompt_tokens=48, output_tokens=24, env_tokens=16,
-        policy_versions=4, group_size=16, vocab_size=4096, system_failure_rate=0.1, seed=7,
+        policy_versions=policy_versions, group_size=group_size, vocab_size=4096, system_failure_rate=0.1, seed=7,
     )  # fmt: skip
     generate(bus, config)
     sink = DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05))
@@ -86,6 +93,37 @@ def build_signal_lake(root: Path) -> Lake:
     return lake
 
 
+THIN_RUN = "thin-run"
+THIN_SINGLES = 11
+"""Version 0 of THIN_RUN: this many tasks of one failing sample each, and one task of six passing
+samples (the issue's shape: pass@1 = 1/12 over twelve tasks, pass@4 = 1.0 from the one task of six)."""
+THIN_V1_TASKS = 6
+"""Version 1 of THIN_RUN: this many tasks of four samples, two of them passing."""
+
+
+def build_thin_version_lake(root: Path) -> Lake:
+    """THIN_RUN: a version whose only task with several samples is one large group, and a version
+    where every task has four samples."""
+    lake = Lake(root)
+    bus = InProcessBus(topic="thin", partitions=1)
+    recorder = Recorder(bus, THIN_RUN, vocab_size=64, producer_id="rollout")
+
+    def play(version: int, task: str, rewards: list[float]) -> None:
+        for i, reward in enumerate(rewards):
+            traj = recorder.start(task, f"{task}-group", i)
+            traj.turn([5, 6], [-0.1, -0.2], version, input_token_ids=[1, 2])
+            traj.reward(reward)
+            traj.finish("completed")
+
+    for t in range(THIN_SINGLES):
+        play(0, f"single-{t}", [0.0])
+    play(0, "big", [1.0] * 6)
+    for t in range(THIN_V1_TASKS):
+        play(1, f"four-{t}", [1.0, 0.0, 1.0, 0.0])
+    DeltaSink(lake, bus, SinkConfig(max_latency_s=0.05)).run(until_idle_s=0.0)
+    return lake
+
+
 def trajectories_in(lake) -> int:
     """What the overview counts: the run's trajectories that reached a policy version."""
     return (
@@ -132,3 +170,20 @@ def two_runs_lake(tmp_path_factory, dash_lake: Lake) -> Lake:
 def signal_lake(tmp_path_factory) -> Lake:
     """A run with a known number of zero-signal groups per trainer step (read-only)."""
     return build_signal_lake(tmp_path_factory.mktemp("signal") / "lake")
+
+
+@pytest.fixture(scope="session")
+def thin_lake(tmp_path_factory) -> Lake:
+    """THIN_RUN (read-only): version 0's pass@4 stands on one task of twelve."""
+    return build_thin_version_lake(tmp_path_factory.mktemp("thin") / "lake")
+
+
+MANY_VERSIONS = 12
+"""Policy versions of `many_versions_lake`: more than a chart has colours for."""
+
+
+@pytest.fixture(scope="session")
+def many_versions_lake(tmp_path_factory) -> Lake:
+    """A run over MANY_VERSIONS policy versions, with trainer tables (read-only)."""
+    root = tmp_path_factory.mktemp("many") / "lake"
+    return build_lake(root, trajectories=240, policy_versions=MANY_VERSIONS, group_size=4)

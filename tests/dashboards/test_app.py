@@ -8,8 +8,10 @@ import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from trajlake.dashboards import metrics
 from trajlake.dashboards.app import PAGES
 from trajlake.dashboards.commands import APP
+from trajlake.dashboards.views.charts import PALETTE
 from trajlake.dashboards.views.compare import BY_STEP, BY_VERSION
 
 pytestmark = pytest.mark.integration  # renders the whole Streamlit app (AppTest)
@@ -22,9 +24,10 @@ CHARTS_PER_PAGE = {
     "behaviour": 5,
     "failures": 4,
     "async": 4,
-    "compare": 3,  # small multiples by policy version, pass@k, small multiples by trainer step
+    "compare": 15,  # a small chart per measure by version (7) and step (9), pass@k; pass@1 hidden twice here
     "latency": 5,
     "health": 4,
+    "rescore": 0,
     "browser": 0,
     "sql": 0,
 }
@@ -50,8 +53,14 @@ def charts(at: AppTest) -> list:
     return list(at.get("vega_lite_chart"))
 
 
+def title_of(spec: dict) -> str:
+    """A chart's title as one line (charts wrap theirs into lines that fit)."""
+    title = spec.get("title", "")
+    return " ".join(title["text"]) if isinstance(title, dict) else title
+
+
 def chart_titles(at: AppTest) -> list[str]:
-    return [json.loads(c.proto.spec).get("title", "") for c in charts(at)]
+    return [title_of(json.loads(c.proto.spec)) for c in charts(at)]
 
 
 @pytest.mark.parametrize("page", list(PAGES), ids=list(PAGES))
@@ -64,6 +73,7 @@ def test_every_page_renders_its_charts_without_an_exception(dash_lake, monkeypat
 
 
 def test_overview_shows_reward_and_pass_at_1_that_match_sql(dash_lake, monkeypatch):
+    monkeypatch.setenv("TRAJLAKE_MIN_TASKS", "1")  # each version has 3 tasks: show every pass@1
     at = render(dash_lake, monkeypatch, "overview")
     scored = dash_lake.sql(
         """select policy_version_min as v, task_id, count(*) as n, count(*) filter (where reward >= 1) as c,
@@ -75,6 +85,7 @@ def test_overview_shows_reward_and_pass_at_1_that_match_sql(dash_lake, monkeypat
     shown = at.dataframe[0].value.set_index("policy_version")
     for v in sorted({r["v"] for r in scored}):
         tasks = [r for r in scored if r["v"] == v]
+        assert shown.loc[v, "n_tasks"] == len(tasks)
         assert shown.loc[v, "pass_at_1"] == pytest.approx(sum(r["c"] / r["n"] for r in tasks) / len(tasks))
         assert shown.loc[v, "reward_mean"] == pytest.approx(
             sum(r["total"] for r in tasks) / sum(r["n"] for r in tasks)
@@ -85,8 +96,18 @@ def test_overview_shows_reward_and_pass_at_1_that_match_sql(dash_lake, monkeypat
         .as_py()
     )
     assert metric(at, "Trajectories") == f"{n_all:,}"
-    assert "pass@k (unbiased estimator, averaged over tasks)" in chart_titles(at)
-    assert metric(at, "pass@16") != "–"  # groups of 16 reach k = 16
+    assert "pass@k and the tasks it covers" in chart_titles(at)
+    assert metric(at, "pass@16") != "–"  # groups of 16 reach k = 16, and min_tasks is 1 here
+
+
+def test_overview_hides_pass_at_1_of_versions_with_too_few_tasks_and_says_why(dash_lake, monkeypatch):
+    at = render(dash_lake, monkeypatch, "overview")  # the default min_tasks (5); 3 tasks per version
+    shown = at.dataframe[0].value
+    assert list(shown["n_tasks"]) == [3, 3, 3, 3] and shown["pass_at_1"].isna().all()
+    assert any("pass@1 hidden at 4 version(s) scored on fewer than 5 tasks" in c.value for c in at.caption)
+    curve = metrics.pass_at_k_curve(dash_lake, RUN).to_pylist()
+    top = max(r["k"] for r in curve if r["pass_at_k"] is not None)  # the largest k enough tasks reach
+    assert metric(at, f"pass@{top}") == f"{curve[top - 1]['pass_at_k']:.3f}"
 
 
 def test_entropy_page_shows_the_rollout_estimate_from_the_token_logprobs(dash_lake, monkeypatch):
@@ -152,7 +173,7 @@ def test_async_health_shows_staleness_mismatch_and_lag(dash_lake, monkeypatch):
 
 def chart_rows(at: AppTest, title: str) -> list[dict]:
     """The data the chart titled `title` draws (Arrow IPC in the element's dataset)."""
-    chart = next(c for c in charts(at) if json.loads(c.proto.spec).get("title") == title)
+    chart = next(c for c in charts(at) if title_of(json.loads(c.proto.spec)) == title)
     return pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().to_pylist()
 
 
@@ -262,6 +283,7 @@ SCORED = "t.finished and t.reward is not null and coalesce(t.failure_origin, '')
 
 
 def test_compare_page_overlays_two_runs_with_figures_that_match_sql(two_runs_lake, monkeypatch):
+    monkeypatch.setenv("TRAJLAKE_MIN_TASKS", "1")  # each version has 3 tasks: show every pass@1
     at = render(two_runs_lake, monkeypatch, "compare", runs=f"{RUN},{OTHER}")
     assert at.multiselect(key="compare_runs").value == [RUN, OTHER]
     summary = at.dataframe[0].value.set_index("run_id")
@@ -302,12 +324,16 @@ def test_compare_page_overlays_two_runs_with_figures_that_match_sql(two_runs_lak
         assert shown["mismatch"] == pytest.approx(row["mismatch"])
 
     specs = [json.loads(c.proto.spec) for c in charts(at)]
-    assert len(specs) == CHARTS_PER_PAGE["compare"]
-    # one line per run, each run in the same colour on every chart
-    encodings = [s.get("spec", s)["encoding"] for s in specs]
-    assert [e["color"]["scale"]["domain"] for e in encodings] == [[RUN, OTHER]] * 3
-    measures = [s["spec"]["transform"][0]["fold"] for s in specs if "facet" in s]
-    assert measures == [list(BY_VERSION.values()), list(BY_STEP.values())]
+    # a small chart per measure, a line per run, each run in the same colour on every chart
+    titles = [*BY_VERSION.values(), "pass@k and the tasks it covers", *BY_STEP.values()]
+    assert sorted(title_of(s) for s in specs) == sorted(titles)
+    colours = {
+        json.dumps(layer["encoding"]["color"]["scale"])
+        for s in specs
+        for layer in s.get("layer", [s])
+        if layer["encoding"].get("color", {}).get("field") == "run_id"
+    }
+    assert colours == {json.dumps({"domain": [RUN, OTHER], "range": list(PALETTE[:2])})}
 
 
 def test_compare_page_keeps_the_chosen_runs_in_the_url(two_runs_lake, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -14,6 +15,7 @@ from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.recorder import Recorder
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.engine.chat import ChatSession
+from trajlake.schemas.tables import TRAINER_TOKENS_SCHEMA
 from trajlake.store.lake import Lake
 
 pytestmark = pytest.mark.integration  # renders the whole Streamlit app (AppTest)
@@ -40,15 +42,36 @@ def play(recorder: Recorder, tokenizer, model: str, trajectory_id: str) -> None:
 @pytest.fixture(scope="module")
 def text_lake(tmp_path_factory, model_dir, tokenizer) -> Lake:
     """Run `chat` recorded the tiny model's directory (and a trainer gave its trajectory an advantage);
-    run `lost` recorded a model directory that is gone."""
+    run `lost` recorded a model directory that is gone; run `kept` has the trainer's per-token values
+    of steps 0 and 3 (`keep_token_values`)."""
     lake = Lake(tmp_path_factory.mktemp("text") / "lake")
     bus = InProcessBus()
     play(Recorder(bus, "chat"), tokenizer, str(model_dir), "chat-1")
     play(Recorder(bus, "lost"), tokenizer, str(model_dir.parent / "deleted-model"), "lost-1")
+    play(Recorder(bus, "kept"), tokenizer, str(model_dir), "kept-1")
     Recorder(bus, "chat", producer_id="trainer").batch_consumed(0, 1, ["chat-1"], [0], advantages=[ADVANTAGE])
     DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    keep_token_values(lake)
     yield lake
     lake.close()
+
+
+def keep_token_values(lake: Lake) -> None:
+    """`trainer_tokens` rows of run `kept`: at step 3 DPPO masked turn 1's first token and clipped its
+    second (ratios 1.5 and 0.5); at step 0 it kept every token (ratio 1)."""
+    rows = []
+    for turn in turns_of(lake, "kept"):
+        n, last = len(turn["output_token_ids"]), turn["turn_index"] == 1
+        for step in (0, 3):
+            touched = step == 3 and last
+            ratios = [1.5, 0.5, *[1.0] * (n - 2)] if touched else [1.0] * n
+            rows.append({
+                "run_id": "kept", "step": step, "trainer_version": step + 1, "rank": 0, "trajectory_id": "kept-1",
+                "seq": turn["seq"], "turn_index": turn["turn_index"], "policy_loss": "dppo", "advantage": 1.0,
+                "trainer_logprobs": [-0.05 * (i + 1) for i in range(n)], "entropies": [1.0] * n, "ratios": ratios,
+                "clipped": [touched, touched, *[False] * (n - 2)], "masked": [touched, *[False] * (n - 1)],
+            })  # fmt: skip
+    lake.append("trainer_tokens", pa.Table.from_pylist(rows, schema=TRAINER_TOKENS_SCHEMA))
 
 
 def open_browser(lake: Lake, monkeypatch, run: str, tokenizer: str | None = None) -> AppTest:
@@ -75,7 +98,8 @@ def text_of(body: str) -> str:
 
 def turns_of(lake: Lake, run: str) -> list[dict]:
     return lake.sql(
-        "select input_token_ids, output_token_ids from turns where run_id = ? order by seq", [run]
+        "select seq, turn_index, input_token_ids, output_token_ids from turns where run_id = ? order by seq",
+        [run],
     ).to_pylist()
 
 
@@ -109,13 +133,13 @@ def test_overlays_switch_and_say_when_not_recorded(text_lake, monkeypatch, overl
     at = open_browser(text_lake, monkeypatch, "chat")
     radio = at.radio(key="browser_overlay")
     not_recorded = {o for o in radio.options if o.endswith("(not recorded)")}
-    assert not_recorded == {"Trainer logprob (not recorded)", "Train/infer mismatch (not recorded)",
-                            "Entropy (not recorded)"}  # fmt: skip
+    step_overlays = ("trainer_logprob", "mismatch", "entropy", "trainer_entropy", "ratio", "loss_action")
+    assert not_recorded == {f"{OVERLAYS[o]} (not recorded)" for o in step_overlays}
     radio.set_value(overlay).run()
     assert not at.exception
     body = turn_bodies(at)[1]
     infos = " ".join(i.value for i in at.info)
-    if overlay in ("trainer_logprob", "mismatch", "entropy"):
+    if overlay in step_overlays:
         assert "not recorded" in infos
         assert "background:transparent" in body  # nothing invented: model tokens unshaded
         return
@@ -126,8 +150,34 @@ def test_overlays_switch_and_say_when_not_recorded(text_lake, monkeypatch, overl
         assert "rgba(31,119,180,0.28)" in body
     if overlay == "advantage":
         assert "rgba(44,160,44," in body  # the trainer's positive advantage, in green
-        assert f"advantage {ADVANTAGE:.3f}" in at.expander[1].label
+        assert any(f"advantage {ADVANTAGE:.3f}" in e.label for e in at.expander)  # the turn's expander
         assert any("batch_consumption.advantage (step 0)" in c.value for c in at.caption)
+
+
+def test_a_kept_steps_values_overlay_each_token_and_another_step_can_be_picked(
+    text_lake, monkeypatch
+) -> None:
+    at = open_browser(text_lake, monkeypatch, "kept")
+    step = at.selectbox(key="browser_step")
+    assert list(step.options) == ["0", "3"] and step.value == 3  # the latest kept step first
+    radio = at.radio(key="browser_overlay")
+    # the kept step gives every trainer overlay; the rollout's entropy and an advantage were not recorded
+    assert {o for o in radio.options if o.endswith("(not recorded)")} == {
+        "Entropy (not recorded)",
+        "Advantage (not recorded)",
+    }
+    radio.set_value("loss_action").run()
+    first, second = turn_bodies(at)
+    assert "rgba(214,39,40,0.55)" not in first and "rgba(255,187,51,0.6)" not in first
+    assert second.count("rgba(214,39,40,0.55)") == 1 and second.count("rgba(255,187,51,0.6)") == 1
+    assert "loss masked" in second and "loss clipped" in second and "ratio 1.500" in second
+    assert any("Values of trainer_tokens (step 3, dppo)." in c.value for c in at.caption)
+    at.radio(key="browser_overlay").set_value("ratio").run()
+    assert "rgba(23,190,207,0.34)" in turn_bodies(at)[1]  # |log 1.5| = 0.41 of a factor e
+    at.selectbox(key="browser_step").set_value(0).run()
+    assert not at.exception
+    assert "rgba(23,190,207,0.00)" in turn_bodies(at)[1] and "ratio 1.500" not in turn_bodies(at)[1]
+    assert any("Values of trainer_tokens (step 0, dppo)." in c.value for c in at.caption)
 
 
 def test_a_run_whose_model_is_gone_says_how_to_decode_it(

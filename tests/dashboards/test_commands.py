@@ -9,6 +9,7 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from tests.dashboards.conftest import THIN_RUN
 from trajlake.cli import build_parser, main
 from trajlake.dashboards import metrics
 from trajlake.dashboards.commands import APP, streamlit_command
@@ -38,7 +39,8 @@ def test_metrics_json_is_the_dashboard_report(dash_lake, capsys):
     # DuckDB sums in parallel, so two runs of one average may differ in the last bit
     assert _rounded(printed) == _rounded(expected)
     assert [v["policy_version"] for v in printed["versions"]] == [0, 1, 2, 3]
-    assert set(printed["pass_at_k"]) == {str(k) for k in range(1, 17)}
+    assert [r["k"] for r in printed["pass_at_k"]] == list(range(1, 17))
+    assert {"k", "pass_at_k", "n_tasks", "n_tasks_total"} == set(printed["pass_at_k"][0])
 
 
 @pytest.mark.integration  # renders the whole Streamlit app (AppTest)
@@ -50,10 +52,14 @@ def test_metrics_match_the_figures_the_app_shows(dash_lake, capsys, monkeypatch)
     at.run()
     shown = at.dataframe[0].value.to_dict("records")
     for row, version in zip(shown, printed["versions"], strict=True):
-        for column in ("policy_version", "n_trajectories", "n_scored", "reward_mean", "pass_at_1"):
+        for column in ("policy_version", "n_trajectories", "n_scored", "reward_mean", "n_tasks"):
             assert row[column] == pytest.approx(version[column])
+        assert (
+            row["pass_at_1"] == pytest.approx(version["pass_at_1"], nan_ok=True)
+            or version["pass_at_1"] is None
+        )
     pass1 = next(m.value for m in at.metric if m.label == "pass@1")
-    assert pass1 == f"{printed['pass_at_k']['1']:.3f}"
+    assert pass1 == f"{printed['pass_at_k'][0]['pass_at_k']:.3f}"
 
 
 def test_metrics_table_prints_a_line_per_version(dash_lake, capsys):
@@ -62,6 +68,7 @@ def test_metrics_table_prints_a_line_per_version(dash_lake, capsys):
     assert lines[0].split(" | ")[:3] == ["policy_version", "n_trajectories", "n_scored"]
     assert [line.split()[0] for line in lines[2:6]] == ["0", "1", "2", "3"]
     assert lines[-1].startswith(f"run {RUN}: pass@1=")
+    assert "(12 tasks)" in lines[-1]  # each value beside the tasks it stands on
 
 
 def test_metrics_show_zero_signal_groups_per_trainer_step(signal_lake, capsys):
@@ -201,3 +208,43 @@ def test_dashboard_refuses_a_tokenizer_that_does_not_load_before_serving(bare_la
     err = capsys.readouterr().err
     assert f"--tokenizer {missing} does not load" in err and "drop --tokenizer" in err
     assert "serving" not in err  # refused before starting Streamlit
+
+
+def test_metrics_show_a_thin_versions_pass_at_k_as_hidden_with_its_count(thin_lake, capsys):
+    args = ["metrics", "--lake", thin_lake.root, "--run", THIN_RUN]
+    assert main([*args, "--format", "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    v0 = {r["k"]: r for r in printed["versions"][0]["pass_at_k"]}
+    assert v0[4] == {"k": 4, "pass_at_k": None, "n_tasks": 1, "n_tasks_total": 12}
+    assert printed["versions"][0]["n_tasks"] == 12
+    assert printed["versions"][0]["pass_at_k"] == [
+        {k: v for k, v in r.items() if k != "policy_version"}
+        for r in metrics.pass_at_k_by_version(thin_lake, THIN_RUN).to_pylist()
+        if r["policy_version"] == 0
+    ]  # the CLI prints what the API computes
+    assert main(args) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"run {THIN_RUN}: pass@1=0.2222 (18 tasks)  pass@2=0.8571 (7 of 18 tasks)")
+    assert last.endswith("pass@5..6 hidden: only 1 of 18 tasks has >= 5 scored samples (min_tasks 5)")
+    assert main([*args, "--min-tasks", "1", "--format", "json"]) == 0  # the user's own bar
+    v0 = {r["k"]: r for r in json.loads(capsys.readouterr().out)["versions"][0]["pass_at_k"]}
+    assert (v0[4]["pass_at_k"], v0[4]["n_tasks"]) == (1.0, 1)
+
+
+@pytest.mark.integration  # renders the whole Streamlit app (AppTest)
+def test_cli_api_and_dashboard_agree_on_a_thin_versions_pass_at_k(thin_lake, capsys, monkeypatch):
+    api = metrics.pass_at_k_curve(thin_lake, THIN_RUN, (0, 0)).to_pylist()
+    assert main(["metrics", "--lake", thin_lake.root, "--run", THIN_RUN, "--format", "json"]) == 0
+    cli = json.loads(capsys.readouterr().out)["versions"][0]["pass_at_k"]
+    assert cli == [{k: v for k, v in r.items()} for r in api]  # version 0 alone: the same rows
+    monkeypatch.setenv("TRAJLAKE_LAKE", thin_lake.root)
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.query_params["page"] = "overview"
+    at.run()
+    at.select_slider(key=f"versions:{THIN_RUN}").set_value((0, 0)).run()
+    assert not at.exception
+    tiles = {m.label: m.value for m in at.metric}
+    assert tiles["pass@1"] == f"{api[0]['pass_at_k']:.3f}" == "0.083"
+    assert "pass@4" not in tiles and "1.000" not in tiles.values()  # the one large group's 1.0 is not shown
+    captions = " ".join(c.value for c in at.caption)
+    assert "k ≥ 2 hidden: only 1 of 12 tasks has >= 2 scored samples (min_tasks 5)" in captions

@@ -36,6 +36,7 @@ CHARTS_PER_PAGE = {
     "compare": 3,
     "latency": 5,
     "health": 4,
+    "rescore": 0,
     "browser": 0,
     "sql": 0,
 }
@@ -137,22 +138,28 @@ def artifacts(tmp_path) -> Path:
     return path
 
 
-def test_every_page_opens_in_chromium_with_its_charts(dashboard, browser, artifacts):
+def open_page(browser, url: str, page: str) -> None:
+    """Open a page of the app and wait until its script run ended and its charts are drawn."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    for page, (title, _) in PAGES.items():
-        browser.get(f"{dashboard}/?page={page}{URL_QUERY.get(page, '')}")
-        wait = WebDriverWait(browser, READY_S)
-        wait.until(lambda d, t=title: any(h.text == t for h in d.find_elements(By.CSS_SELECTOR, "h2")))
-        want = CHARTS_PER_PAGE[page]
-        wait.until(
-            lambda d, n=want: (
-                len(d.find_elements(By.CSS_SELECTOR, ".vega-embed canvas, .vega-embed svg.marks")) >= n
-            )
-        )
-        # Streamlit swaps stale elements out once the script run ends; wait for it to finish.
-        wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"]'))
+    browser.get(f"{url}/?page={page}{URL_QUERY.get(page, '')}")
+    wait = WebDriverWait(browser, READY_S)
+    title = PAGES[page][0]
+    wait.until(lambda d: any(h.text == title for h in d.find_elements(By.CSS_SELECTOR, "h2")))
+    want = CHARTS_PER_PAGE[page]
+    wait.until(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, ".vega-embed canvas, .vega-embed svg.marks")) >= want
+    )
+    # Streamlit swaps stale elements out once the script run ends; wait for it to finish.
+    wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"]'))
+
+
+def test_every_page_opens_in_chromium_with_its_charts(dashboard, browser, artifacts):
+    from selenium.webdriver.common.by import By
+
+    for page in PAGES:
+        open_page(browser, dashboard, page)
         exceptions = browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
         assert not exceptions, f"page {page}: {[e.text for e in exceptions]}"
         browser.save_screenshot(str(artifacts / f"{page}.png"))
@@ -161,6 +168,71 @@ def test_every_page_opens_in_chromium_with_its_charts(dashboard, browser, artifa
             tags = browser.find_element(By.CSS_SELECTOR, '[data-testid="stMultiSelectTagsContainer"]')
             assert tags.text.split("\n") == [RUN_ID, OTHER_RUN_ID]
             assert f"runs={RUN_ID}%2C{OTHER_RUN_ID}" in browser.current_url
+
+
+CUT_TEXT = """
+const cut = [];
+const page = document.querySelector('[data-testid="stMain"]').getBoundingClientRect();
+function shown(el) {  // the box an element can show: its clipping ancestors' within its element, and the page's width
+  const box = {left: page.left, top: -1e9, right: page.right, bottom: 1e9};
+  for (let a = el.parentElement; a; a = a.parentElement) {
+    const s = getComputedStyle(a), r = a.getBoundingClientRect();
+    if (['hidden', 'clip'].includes(s.overflowX)) { box.left = Math.max(box.left, r.left); box.right = Math.min(box.right, r.right); }
+    if (['hidden', 'clip'].includes(s.overflowY)) { box.top = Math.max(box.top, r.top); box.bottom = Math.min(box.bottom, r.bottom); }
+    if (a.getAttribute('data-testid') === 'stElementContainer') break;
+  }
+  return box;
+}
+for (const el of document.querySelectorAll('[data-testid="stMetricLabel"] *, [data-testid="stMetricValue"] *')) {
+  if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX !== 'visible') cut.push('tile: ' + el.textContent);
+}
+const ruler = document.createElement('canvas').getContext('2d');
+const lines = [...document.querySelectorAll('.vega-embed svg text')].flatMap(t => {
+  const spans = [...t.querySelectorAll('tspan')];
+  return spans.length ? spans : [t];
+});
+for (const t of lines) {
+  const text = t.textContent.trim();
+  if (!text || t.closest('[opacity="0"]')) continue;  // a label Vega hid to avoid an overlap
+  if (text.endsWith('\u2026') || text.startsWith('\u2026')) { cut.push('chart: ' + text); continue; }
+  // a line's box is its font's em box and advance; its ink, measured, is what must show
+  const s = getComputedStyle(t), r = t.getBoundingClientRect(), b = shown(t);
+  ruler.font = `${s.fontStyle} ${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+  const m = ruler.measureText(text), rotated = text.length > 1 && r.height > r.width;
+  const over = m.fontBoundingBoxAscent - m.actualBoundingBoxAscent;  // em box above the ink
+  const high = m.actualBoundingBoxAscent + m.actualBoundingBoxDescent;
+  const along = rotated ? r.height : r.width, scale = m.width ? along / m.width : 1;
+  const start = -m.actualBoundingBoxLeft * scale, end = m.actualBoundingBoxRight * scale;  // ink along the line
+  const [left, right] = rotated ? [r.left + over, r.left + over + high] : [r.left + start, r.left + end];
+  const [top, bottom] = rotated ? [r.bottom - end, r.bottom - start] : [r.top + over, r.top + over + high];
+  if (r.width && (left < b.left - 1 || right > b.right + 1 || top < b.top - 1 || bottom > b.bottom + 1)) {
+    cut.push('chart, outside its box: ' + text);
+  }
+}
+return cut;
+"""
+"""Text the page does not show whole: a tile's label or value cut by an ellipsis, a chart's text
+that Vega shortened ('…', also its '…N entries' of a legend too long) or that lies outside the
+boxes that clip it (the chart's, the page's width)."""
+SETTLE_S = 15
+"""How long a page may take to lay its charts out at a new width before cut text counts."""
+
+
+@pytest.mark.parametrize("width", [1400, 1000])
+def test_no_title_label_or_legend_is_cut_off_at_common_widths(dashboard, browser, artifacts, width):
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.set_window_size(width, 1400)
+    for page in PAGES:
+        open_page(browser, dashboard, page)
+        try:  # Vega lays charts out again as the page settles: wait for a clean layout
+            WebDriverWait(browser, SETTLE_S, poll_frequency=0.5).until(
+                lambda d: not d.execute_script(CUT_TEXT)
+            )
+        except TimeoutException:
+            browser.save_screenshot(str(artifacts / f"cut-{page}-{width}.png"))
+            pytest.fail(f"page {page} at {width} px cuts off: {browser.execute_script(CUT_TEXT)}")
 
 
 def test_trajectory_browser_shades_tokens_in_chromium(dashboard, browser, artifacts):

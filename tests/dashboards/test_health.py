@@ -3,11 +3,14 @@ a healthy run shows none, and the figures per window match SQL."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.health_runs import ONSET, build_health_lake
 from trajlake.dashboards.commands import APP
+from trajlake.dashboards.metrics import MISMATCH_THRESHOLD
 
 pytestmark = pytest.mark.integration  # renders the whole Streamlit app (AppTest)
 
@@ -55,3 +58,15 @@ def test_the_health_windows_match_sql(health_lake, monkeypatch):
     assert len(shown) == len(expected)
     for row in expected:
         assert shown.loc[row["start"], "mismatch"] == pytest.approx(row["mismatch"])
+
+
+def test_the_health_pages_mismatch_is_drawn_on_a_log_axis_with_its_threshold(health_lake, monkeypatch):
+    at = render(health_lake, monkeypatch, "mismatch")
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    (layers,) = [
+        s["layer"]
+        for s in specs
+        if ["mismatch"] in [t.get("fold") for t in s.get("layer", [{}])[0].get("transform", [])]
+    ]
+    assert layers[0]["encoding"]["y"]["scale"] == {"type": "log"}
+    assert layers[1]["encoding"]["y"] == {"datum": MISMATCH_THRESHOLD}

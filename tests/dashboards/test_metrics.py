@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.dashboards.conftest import THIN_RUN, THIN_SINGLES, THIN_V1_TASKS
 from trajlake.dashboards import metrics
 from trajlake.dashboards.passk import pass_at_k
 from trajlake.ingest import codec
@@ -48,11 +49,51 @@ def test_pass_at_k_curve_averages_each_k_over_tasks_with_at_least_k_samples(dash
     ).to_pylist()
     for row in curve:
         tasks = [(t["n"], t["c"]) for t in per_task if t["n"] >= row["k"]]
-        assert row["n_tasks"] == len(tasks)
-        assert row["pass_at_k"] == pytest.approx(
-            sum(pass_at_k(n, c, row["k"]) for n, c in tasks) / len(tasks)
-        )
+        assert (row["n_tasks"], row["n_tasks_total"]) == (len(tasks), len(per_task))
+        if len(tasks) < metrics.MIN_TASKS:
+            assert row["pass_at_k"] is None
+        else:
+            assert row["pass_at_k"] == pytest.approx(
+                sum(pass_at_k(n, c, row["k"]) for n, c in tasks) / len(tasks)
+            )
     assert curve[0]["pass_at_k"] == pytest.approx(sum(t["c"] / t["n"] for t in per_task) / len(per_task))
+
+
+def test_pass_at_k_of_a_version_with_one_large_group_shows_its_coverage_not_that_groups_1(thin_lake):
+    by_version = metrics.pass_at_k_by_version(thin_lake, THIN_RUN).to_pylist()
+    v0 = {r["k"]: r for r in by_version if r["policy_version"] == 0}
+    assert v0[1]["pass_at_k"] == pytest.approx(1 / 12) and v0[1]["n_tasks"] == THIN_SINGLES + 1
+    assert v0[4] == {"policy_version": 0, "k": 4, "pass_at_k": None, "n_tasks": 1, "n_tasks_total": 12}
+    assert not any(r["pass_at_k"] == 1.0 for r in v0.values())
+    v1 = {r["k"]: r for r in by_version if r["policy_version"] == 1}
+    assert sorted(v1) == [1, 2, 3, 4]  # no task of version 1 has a fifth sample
+    assert (
+        v1[4]["n_tasks"] == THIN_V1_TASKS and v1[4]["pass_at_k"] == 1.0
+    )  # 2 of 4 pass: every 4 draws hold one
+    assert v1[2]["pass_at_k"] == pytest.approx(1 - 1 / 6)  # C(2,2) / C(4,2) draws without a pass
+    # over both versions: a k that only the large group and version 1's tasks reach says so
+    curve = {r["k"]: r for r in metrics.pass_at_k_curve(thin_lake, THIN_RUN).to_pylist()}
+    assert (curve[4]["n_tasks"], curve[4]["n_tasks_total"]) == (THIN_V1_TASKS + 1, 18)
+    assert curve[5]["pass_at_k"] is None and curve[5]["n_tasks"] == 1
+
+
+def test_pass_at_1_by_version_is_hidden_where_too_few_tasks_were_scored(thin_lake):
+    rows = metrics.overview_by_version(thin_lake, THIN_RUN, min_tasks=7).to_pylist()
+    assert [(r["policy_version"], r["n_tasks"]) for r in rows] == [(0, 12), (1, THIN_V1_TASKS)]
+    assert rows[0]["pass_at_1"] == pytest.approx(1 / 12)
+    assert rows[1]["pass_at_1"] is None  # six tasks, fewer than seven
+    assert metrics.overview_by_version(thin_lake, THIN_RUN, min_tasks=6).to_pylist()[1]["pass_at_1"] == 0.5
+
+
+def test_the_report_gives_each_versions_pass_at_k_with_the_tasks_it_stands_on(thin_lake):
+    report = metrics.metrics_report(thin_lake, THIN_RUN)
+    assert report["min_tasks"] == metrics.MIN_TASKS
+    expected = metrics.pass_at_k_by_version(thin_lake, THIN_RUN).to_pylist()
+    for version in report["versions"]:
+        want = [{k: v for k, v in r.items() if k != "policy_version"} for r in expected
+                if r["policy_version"] == version["policy_version"]]  # fmt: skip
+        assert version["pass_at_k"] == want
+    assert report["pass_at_k"] == metrics.pass_at_k_curve(thin_lake, THIN_RUN).to_pylist()
 
 
 def test_system_failures_are_never_scored_as_reward_zero(dash_lake):
@@ -283,3 +324,26 @@ def test_an_empty_lake_has_no_runs(tmp_path):
     assert metrics.runs(lake) == []
     assert metrics.trainer_entropy(lake, "x").num_rows == 0
     assert metrics.ingest_lag(lake, "x").num_rows == 0
+
+
+def test_a_trajectory_of_unknown_version_counts_for_the_run_but_has_no_place_on_the_version_axis(tmp_path):
+    from trajlake.store.lake import Lake
+
+    lake = Lake(tmp_path / "lake")
+    bus = InProcessBus()
+    recorder = Recorder(bus, "unknown-version", vocab_size=100)
+    for i, version in enumerate([0, 0, None, None]):
+        t = recorder.start("task", "g", i)
+        t.turn([1, 2], [-0.5, -1.0], version, input_token_ids=[3])
+        t.reward(float(i % 2))
+        t.finish("completed")
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0)
+    outcomes = metrics.task_outcomes(lake, "unknown-version").to_pylist()
+    assert [(r["policy_version"], r["n"]) for r in outcomes] == [(0, 2)]  # no version "None"
+    entropy = metrics.rollout_entropy(lake, "unknown-version").to_pylist()
+    assert [(r["policy_version"], r["n_turns"]) for r in entropy] == [(0, 2)]
+    curve = metrics.pass_at_k_curve(lake, "unknown-version").to_pylist()
+    assert [r["n_tasks"] for r in curve if r["k"] == 4] == [
+        1
+    ]  # the run's figure: all four samples of the task
+    lake.close()

@@ -26,7 +26,7 @@ def answers(port: int) -> bool:
 
 
 def test_kafka_up_starts_a_broker_that_serves_clients_and_down_stops_it(tmp_path: Path) -> None:
-    from trajlake.ingest.bus.kafka import KafkaBus
+    from trajlake.ingest.bus.kafka_publisher import KafkaPublisher
     from trajlake.ingest.config import KafkaConfig
 
     port, data = free_port(), tmp_path / "broker"
@@ -34,12 +34,14 @@ def test_kafka_up_starts_a_broker_that_serves_clients_and_down_stops_it(tmp_path
     assert up.returncode == 0, up.stderr
     try:
         assert up.stdout.strip() == f"127.0.0.1:{port}"
-        assert (data / "broker.pid").exists() and (data / "kraft-logs" / "meta.properties").exists()
+        node = data / "node-1"
+        assert (node / "broker.pid").exists() and (node / "kraft-logs" / "meta.properties").exists()
+        assert "Kafka Server started" in (node / "server.log").read_text()  # the broker logs (SLF4J bound)
         again = trajlake("kafka", "up", "--port", str(port), "--data-dir", str(data))
         assert again.returncode == 0 and again.stdout.strip() == f"127.0.0.1:{port}"  # already running
 
         config = KafkaConfig(bootstrap=f"127.0.0.1:{port}", topic="hello", spool_dir=tmp_path / "spool")
-        bus = KafkaBus(config)
+        bus = KafkaPublisher(config)
         from trajlake.ingest.bus.base import Message
 
         bus.send(Message("k", b"{}", {"content-type": "application/json"}))

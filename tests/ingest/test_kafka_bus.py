@@ -1,11 +1,11 @@
-"""`KafkaBus.caught_up` against a consumer whose assignment moves under it (kafka-python rebalances on its IO thread)."""
+"""`KafkaSubscriber.caught_up` against a consumer whose assignment moves under it (kafka-python rebalances on its IO thread)."""
 
 from __future__ import annotations
 
 from kafka import TopicPartition
 from kafka.errors import IllegalStateError
 
-from trajlake.ingest.bus.kafka import KafkaBus
+from trajlake.ingest.bus.kafka_subscriber import KafkaSubscriber
 from trajlake.ingest.config import KafkaConfig
 
 
@@ -29,13 +29,13 @@ class Consumer:
 
 
 def test_caught_up_reads_position_against_the_high_watermark() -> None:
-    bus = KafkaBus(KafkaConfig(topic="t"))
+    bus = KafkaSubscriber(KafkaConfig(topic="t"))
     assert not bus.caught_up()  # no consumer yet
     bus._consumer = Consumer(revoked=False)
     assert bus.caught_up()
 
 
 def test_a_partition_taken_away_mid_check_means_not_caught_up_rather_than_a_crash() -> None:
-    bus = KafkaBus(KafkaConfig(topic="t"))
+    bus = KafkaSubscriber(KafkaConfig(topic="t"))
     bus._consumer = Consumer(revoked=True)
     assert not bus.caught_up()

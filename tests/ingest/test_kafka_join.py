@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from trajlake.ingest.bus.kafka import KafkaBus
+from trajlake.ingest.bus.kafka_subscriber import KafkaSubscriber
 from trajlake.ingest.config import KafkaConfig
 
 pytestmark = pytest.mark.integration
@@ -17,10 +17,20 @@ def test_a_new_sink_gets_every_partition_in_one_rebalance(kafka_topic: KafkaConf
     """Joining before the topic's metadata arrived assigned nothing, then rebalanced again; a
     metadata refresh during that second rebalance could leave the sink with no partitions."""
     caplog.set_level(logging.INFO, logger="kafka.coordinator")
-    bus = KafkaBus(kafka_topic)
+    bus = KafkaSubscriber(kafka_topic)
     rebalances: list[tuple[str, list[int]]] = []
-    bus.on_assigned = lambda parts: rebalances.append(("assigned", sorted(parts)))
-    bus.on_revoked = lambda parts: rebalances.append(("revoked", sorted(parts)))
+
+    class Listener:
+        def on_assigned(self, parts: list[int]) -> None:
+            rebalances.append(("assigned", sorted(parts)))
+
+        def on_revoked(self, parts: list[int]) -> None:
+            rebalances.append(("revoked", sorted(parts)))
+
+        def on_lost(self, parts: list[int]) -> None:
+            rebalances.append(("lost", sorted(parts)))
+
+    bus.listen(Listener())
     try:
         deadline = time.monotonic() + 30
         while not bus.assigned_partitions() and time.monotonic() < deadline:
@@ -37,9 +47,9 @@ def test_a_new_sink_gets_every_partition_in_one_rebalance(kafka_topic: KafkaConf
 
 
 def test_a_sink_on_a_topic_that_does_not_exist_yet_says_so(kafka_topic: KafkaConfig, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="trajlake.ingest.bus.kafka")
-    existing = KafkaBus(kafka_topic)
-    missing = KafkaBus(kafka_topic.model_copy(update={"topic": kafka_topic.topic + "-not-created"}))
+    caplog.set_level(logging.WARNING, logger="trajlake.ingest.bus.kafka_subscriber")
+    existing = KafkaSubscriber(kafka_topic)
+    missing = KafkaSubscriber(kafka_topic.model_copy(update={"topic": kafka_topic.topic + "-not-created"}))
     try:
         existing.assigned_partitions()  # starts the consumer
         assert "does not exist" not in caplog.text

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.kafka import sink_topic
-from trajlake.ingest.bus.kafka import KafkaBus
+from trajlake.ingest.bus.kafka_publisher import KafkaPublisher
 from trajlake.ingest.config import KafkaConfig
 from trajlake.schemas import make_event
 from trajlake.store.lake import Lake
@@ -39,7 +39,7 @@ def test_a_200k_token_turn_is_split_and_stored_intact(lake: Lake, kafka_topic: K
             loss_mask=[True] * n,
         ),
     ]
-    bus = KafkaBus(kafka_topic)
+    bus = KafkaPublisher(kafka_topic)
     try:
         bus.publish(events)
         bus.flush()

@@ -99,7 +99,10 @@ def test_loadgen_without_a_broker_keeps_its_messages_in_the_spool_and_says_so(tm
     assert out.returncode == 1, out.stderr[-2000:]
     result = json.loads(out.stdout)
     assert result["undelivered_messages"] > 0
-    assert f"{result['undelivered_messages']} messages did not reach Kafka at {bootstrap}" in out.stderr
+    assert (
+        f"{result['undelivered_messages']} messages did not reach Kafka at {bootstrap} "
+        "(no broker answers: the cluster is unreachable)"
+    ) in out.stderr
     spool = tmp_path / "spool" / "waiting"
     assert str(spool) in out.stderr and list(spool.glob("spool-*.bin"))
     assert "waiting up to 2 s" in out.stderr and "Traceback" not in out.stderr

@@ -7,11 +7,13 @@ import time
 from concurrent.futures import wait
 
 import pytest
+from deltalake.exceptions import DeltaError
 
 from tests.helpers import started_event, turn_event
-from trajlake.ingest.bus.base import BusUnreachable, SourcePosition
+from trajlake.ingest.bus.base import BusUnreachable, Message, SourcePosition
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.sink import DeltaSink, SinkConfig, SinkThread
+from trajlake.store.errors import LakeError
 
 
 def trajectory(tid: str) -> list[dict]:
@@ -68,8 +70,70 @@ def test_an_error_in_the_commit_thread_reaches_the_caller(lake, bus, monkeypatch
 
     monkeypatch.setattr(lake, "commit", disk_full)
     assert sink.flush(wait=False) is None
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(LakeError, match=r"No space left.*a directory this user can write"):
         sink.flush()
+
+
+def _events_commits(lake, monkeypatch, fail, landed: bool = False) -> list[int]:
+    """Count the sink's `events` commits; `fail(n)` may raise instead of the n-th (with `landed`,
+    after it landed: its answer lost)."""
+    commit, calls = lake.commit, []
+
+    def counted(name, *args, **kwargs):
+        if name != "events":
+            return commit(name, *args, **kwargs)
+        calls.append(1)
+        if not landed:
+            fail(len(calls))
+        version = commit(name, *args, **kwargs)
+        if landed:
+            fail(len(calls))
+        return version
+
+    monkeypatch.setattr(lake, "commit", counted)
+    return calls
+
+
+RESTARTING = "Generic S3 error: error sending request: tcp connect error: Connection refused (os error 111)"
+"""What delta-rs says while the S3 server restarts."""
+
+
+@pytest.mark.parametrize(
+    ("error", "landed"),
+    [(OSError, False), (DeltaError, False), (DeltaError, True)],
+    ids=["refused", "refused-by-delta-rs", "answer-lost"],
+)
+def test_a_commit_the_store_did_not_answer_is_tried_again_and_lands_once(
+    lake, bus, monkeypatch, error, landed
+):
+    sink = DeltaSink(lake, bus)
+    bus.publish(trajectory("t"))
+    sink.poll_once()
+
+    def restarting(n: int) -> None:
+        if n == 1:
+            raise error(RESTARTING)
+
+    calls = _events_commits(lake, monkeypatch, restarting, landed)
+    sink.flush()
+    assert (
+        len(calls) == 2
+    )  # tried again; one that had landed unseen is fenced off (TxnFenced), not stored again
+    assert count(lake) == 2  # the trajectory's two events, once
+
+
+def test_a_commit_the_store_refused_stops_the_sink_at_once(lake, bus, monkeypatch) -> None:
+    sink = DeltaSink(lake, bus)
+    bus.publish(trajectory("t"))
+    sink.poll_once()
+
+    def revoked(n: int) -> None:
+        raise OSError("Generic S3 error: 403 Forbidden: <Code>InvalidAccessKeyId</Code>")
+
+    calls = _events_commits(lake, monkeypatch, revoked)
+    with pytest.raises(LakeError, match=r"cannot use the lake at .*InvalidAccessKeyId"):
+        sink.flush()
+    assert len(calls) == 1
 
 
 def test_a_fenced_off_sink_drops_its_buffer_and_resumes_from_the_delta_log(lake) -> None:
@@ -116,8 +180,8 @@ class JoiningBus(InProcessBus):
         if not self.joined:
             self.joined = True
             time.sleep(self.join_s)
-            assert self.on_assigned is not None  # the sink listens, whichever consumer it has
-            self.on_assigned(self.assigned_partitions())
+            assert self.listener is not None  # the sink listens, whichever consumer it has
+            self.listener.on_assigned(self.assigned_partitions())
             return []
         return super().poll(max_messages, timeout_s)
 
@@ -163,3 +227,81 @@ def test_a_sink_thread_stops_after_draining_the_bus_and_hands_back_its_error(lak
         failing.check()
     with pytest.raises(BusUnreachable):
         failing.stop()
+
+
+class LaggingBus(InProcessBus):
+    """A bus whose group hands this sink its partitions only after `hold_polls` empty polls: as a
+    Kafka group does while dead members keep their sessions, and a poll meanwhile returns nothing."""
+
+    def __init__(self, hold_polls: int) -> None:
+        super().__init__()
+        self.hold_polls = hold_polls
+
+    def poll(self, max_messages: int = 1000, timeout_s: float = 0.1) -> list:
+        if self.hold_polls:
+            self.hold_polls -= 1
+            return []
+        return super().poll(max_messages, timeout_s)
+
+
+def test_until_idle_stops_only_once_the_lake_holds_the_topics_end(lake) -> None:
+    bus = LaggingBus(hold_polls=5)  # five empty polls: an idle limit of 0 used to stop at the first
+    for i in range(10):
+        bus.publish(trajectory(f"t{i}"))
+    sink = DeltaSink(lake, bus)
+    stats = sink.run(until_idle_s=0)
+    assert stats.events == 20 and count(lake) == 20 and sink.behind() == {}
+
+
+def test_a_drain_that_cannot_reach_the_end_names_the_partitions_behind(lake) -> None:
+    from trajlake.ingest import chunking, codec
+    from trajlake.ingest.sink import DrainIncomplete
+
+    bus = InProcessBus()
+    bus.publish(trajectory("done"))
+    value = codec.encode_json([turn_event(trajectory_id="late", output_token_ids=list(range(50_000)))])
+    chunks = chunking.split(
+        Message("late", value, {codec.CONTENT_TYPE_HEADER: codec.JSON_CONTENT_TYPE}), 20_000
+    )
+    assert len(chunks) > 1
+    bus.send(chunks[0])  # the first chunk of a set whose others never come (its producer died)
+    with pytest.raises(DrainIncomplete) as raised:
+        DeltaSink(lake, bus, SinkConfig(chunk_max_gap=1000)).run(until_idle_s=0, drain_timeout_s=0.5)
+    partition = bus.end_offsets()
+    behind = raised.value.behind
+    assert behind and all(end == partition[p] for p, (_, end) in behind.items())
+    assert "short of the end of topic" in str(raised.value) and "no group" in raised.value.group
+
+
+def test_a_rebalance_goes_on_while_the_store_holds_a_commit_and_nothing_is_lost_or_doubled(
+    lake, bus, monkeypatch
+) -> None:
+    from trajlake.ingest import sink as sink_module
+
+    monkeypatch.setattr(sink_module, "REBALANCE_WAIT_S", 0.2)
+    sink = DeltaSink(lake, bus, SinkConfig(update_projections=False, max_latency_s=60))
+    release, commit = threading.Event(), lake.commit
+
+    def held(*args, **kwargs):  # a store that does not answer until released
+        assert release.wait(20)
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(lake, "commit", held)
+    bus.publish(trajectory("a"))
+    sink.poll_once()
+    sink.flush(wait=False)  # the commit the store holds
+    bus.publish(trajectory("b"))
+    sink.poll_once()  # buffered behind it
+    started = time.monotonic()
+    sink.on_revoked(bus.assigned_partitions())  # Kafka's client thread, which also heartbeats
+    assert time.monotonic() - started < 5  # the group's rebalance is not held up by the store
+    release.set()
+    sink.on_assigned(bus.assigned_partitions())  # the partitions come back to this sink
+    sink.run(until_idle_s=0)
+    assert lake.sql(
+        "select trajectory_id, count(*) as n from events group by all order by 1"
+    ).to_pylist() == [
+        {"trajectory_id": "a", "n": 2},
+        {"trajectory_id": "b", "n": 2},
+    ]
+    assert not lake.exists("dead_letters")

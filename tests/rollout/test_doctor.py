@@ -130,6 +130,41 @@ def test_doctor_tables_fit_the_width_asked_for(run_in_lake, capsys):
     assert "columns hidden; --max-width 0 shows all" in out
 
 
-def test_doctor_on_an_unknown_run_says_so(lake, capsys):
-    assert main(["doctor", "--lake", str(lake.root), "--run", "nope"]) == 2
+def test_doctor_on_an_unknown_run_says_so(run_in_lake, capsys):
+    assert main(["doctor", "--lake", run_in_lake.root, "--run", "nope"]) == 2
     assert "no trajectories" in capsys.readouterr().out
+
+
+def test_doctor_shows_the_engine_mismatch_and_the_drift_apart(run_in_lake, capsys):
+    """The overfit check's pattern: one step on tokens of its own weights, then steps on the same
+    tokens with newer weights. Their large gap is drift, by staleness, and no fault."""
+    from trajlake.trainer.mismatch import write_trainer_steps
+
+    def drift(staleness: int, abs_diff: float) -> dict:
+        return {"staleness": staleness, "n_tokens": 50, "abs_diff": abs_diff, "kl": abs_diff / 2}
+
+    rows = [
+        {"step": 0, "mismatch": 2e-7, "mismatch_healthy": True, "mismatch_tokens": 50, "drift_tokens": 0},
+        {"step": 1, "mismatch_tokens": 0, "drift": 0.4, "drift_kl": 0.2, "drift_tokens": 50,
+         "drift_by_staleness": [drift(1, 0.4)]},
+        {"step": 2, "mismatch_tokens": 0, "drift": 0.9, "drift_kl": 0.45, "drift_tokens": 50,
+         "drift_by_staleness": [drift(2, 0.9)]},
+    ]  # fmt: skip
+    write_trainer_steps(
+        run_in_lake, [{"run_id": "doc-run", "trainer_version": r["step"] + 1, **r} for r in rows]
+    )
+    code = main(["doctor", "--lake", run_in_lake.root, "--run", "doc-run", "--max-system-error-rate", "0.3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert (
+        "engine mismatch  2e-07 over 50 tokens the trainer's own weights generated, in 1 of 3 steps "
+        "(worst step 2e-07): healthy (threshold 0.03)"
+    ) in out
+    assert (
+        "policy drift     |Δ logprob| 0.65, KL 0.325 over 100 tokens of older weights "
+        "(by staleness: 1: 0.4 (50), 2: 0.9 (50))"
+    ) in out
+    main(["doctor", "--lake", run_in_lake.root, "--run", "doc-run", "--format", "json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["trainer"]["mismatch_tokens"] == 50 and report["trainer"]["drift_tokens"] == 100
+    assert [d["staleness"] for d in report["drift_by_staleness"]] == [1, 2]

@@ -260,7 +260,7 @@ def test_a_turn_without_logprobs_is_kept_with_no_loss(lake, tmp_path):
 def test_the_cli_imports_a_job_and_prints_plain_progress_when_piped(lake, job_dir, capsys):
     from trajlake.cli import main
 
-    code = main(["import", "harbor", str(job_dir), "--lake", lake.root, "--run-id", "cli-run"])
+    code = main(["import", "harbor", str(job_dir), "--lake", lake.root, "--run", "cli-run"])
     captured = capsys.readouterr()
     assert code == 0
     assert "imported 8 trajectories" in captured.out and "0 dead letters" in captured.out
@@ -276,7 +276,7 @@ def test_the_cli_names_the_fix_for_a_directory_without_trials(lake, tmp_path, ca
     from trajlake.cli import main
 
     (tmp_path / "empty").mkdir()
-    assert main(["import", "harbor", str(tmp_path / "empty"), "--lake", lake.root, "--run-id", "r"]) == 2
+    assert main(["import", "harbor", str(tmp_path / "empty"), "--lake", lake.root, "--run", "r"]) == 2
     assert "no trial directories" in capsys.readouterr().err
 
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
+import signal
+import subprocess
 import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_until
 from trajlake.rollout.importers.skyrl import import_skyrl, split_response
 
 PROMPT_A = [151644, 872, 198, 3838, 374]
@@ -172,7 +177,7 @@ def test_the_cli_imports_several_files(lake, tmp_path, capsys):
             str(tmp_path / "step1.json"),
             "--lake",
             lake.root,
-            "--run-id",
+            "--run",
             "sky-cli",
             "--json",
         ]
@@ -210,3 +215,50 @@ def test_a_row_without_token_ids_is_stored_as_text_and_flagged(lake, tmp_path):
     turns = lake.sql("select output_token_ids, attributes from events where event_type = 'turn'").to_pylist()
     assert sorted(json.loads(t["attributes"])["completion"] for t in turns) == ["five", "four", "six"]
     assert all(t["output_token_ids"] == [] and '"tokens_recorded":false' in t["attributes"] for t in turns)
+
+
+def test_a_dump_without_versions_stores_them_as_unknown_unless_the_import_names_one(lake, tmp_path):
+    path = tmp_path / "generator_output.json"
+    path.write_text(json.dumps(generator_output()))
+    import_skyrl(lake, [path], "sky-unknown")
+    import_skyrl(lake, [path], "sky-v3", policy_version=3)
+    got = lake.sql(
+        "select run_id, policy_version_min as lo, policy_version_max as hi, count(*) as n from trajectories "
+        "where run_id like 'sky-%' group by all order by run_id"
+    ).to_pylist()
+    assert got == [  # never version 0: a SkyRL dump records no version
+        {"run_id": "sky-unknown", "lo": None, "hi": None, "n": 3},
+        {"run_id": "sky-v3", "lo": 3, "hi": 3, "n": 3},
+    ]
+    versions = lake.sql("select distinct policy_version from turns where run_id = 'sky-unknown'").to_pylist()
+    assert versions == [{"policy_version": None}]
+
+
+@pytest.mark.integration  # the CLI in a process of its own, stopped with a real signal
+def test_an_import_stopped_by_sigterm_commits_what_it_read_and_the_next_run_adds_the_rest(lake, tmp_path):
+    out = generator_output()
+    n = 1500  # copies of the dump's three trajectories: long enough to stop in the middle
+    out = {k: (v * n if isinstance(v, list) else v) for k, v in out.items()}
+    out["trajectory_ids"] = [{"instance_id": f"task-{i}", "repetition_id": 0} for i in range(3 * n)]
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(out))
+    cmd = [sys.executable, "-c", "from trajlake.cli import run; run()", "import", "skyrl", str(path),
+           "--lake", str(lake.root), "--run", "big"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first_commit = Path(lake.root) / "events" / "_delta_log" / f"{0:020d}.json"
+    wait_until(lambda: first_commit.exists() or proc.poll() is not None, 120, "the import's first commit")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    said = re.search(r"skyrl import into run big: committed the [\d,]+ trajectories it held; the lake at \S+ has "
+                     r"all ([\d,]+) it imported", err)  # fmt: skip
+    assert said, err
+    stored = int(said.group(1).replace(",", ""))
+    assert 0 < stored < 3 * n
+    assert len(rows(lake, "big")) == stored
+    again = import_skyrl(lake, [path], "big")  # the rest; what is stored is skipped
+    assert (again.skipped_existing, again.trajectories) == (stored, 3 * n - stored)
+    count = lake.sql(
+        "select count(*) as n, count(distinct trajectory_id) as d from trajectories where run_id = 'big'"
+    )
+    assert count.to_pylist() == [{"n": 3 * n, "d": 3 * n}]

@@ -1,10 +1,15 @@
-"""Loadgen's column batches: the events it writes are the Recorder's, valid at ingest, fields from the model."""
+"""Loadgen's column batches: the events it writes are the Recorder's, valid at ingest, fields from the model;
+stopped by a signal, it flushes what it generated and says how much."""
 
 from __future__ import annotations
+
+import json
+import signal
 
 import numpy as np
 import pytest
 
+from tests.fixtures.kafka import sink_topic, wait_for_log
 from trajlake.rollout.loadgen import LoadgenConfig, _ColumnBatch, generate
 from trajlake.schemas import EVENTS_SCHEMA
 
@@ -56,3 +61,41 @@ def test_a_batch_takes_a_turns_advantage() -> None:
     batch.turn(ids, np.array([-0.1, -0.2], dtype=np.float32), 0, input_token_ids=ids)
     batch.finish("completed")
     assert batch.table().column("advantage").to_pylist() == [None, -0.5, None, None]
+
+
+@pytest.mark.integration  # the CLI in a process of its own, stopped with a real signal
+@pytest.mark.parametrize(
+    ("bus", "sig"),
+    [
+        ("inprocess", signal.SIGINT),
+        ("inprocess", signal.SIGTERM),
+        ("kafka", signal.SIGINT),
+        ("kafka", signal.SIGTERM),
+    ],
+    ids=["inprocess-SIGINT", "inprocess-SIGTERM", "kafka-SIGINT", "kafka-SIGTERM"],
+)
+def test_a_stopped_loadgen_stores_every_trajectory_it_reports(
+    request, tmp_path, lake, trajlake_cli, bus, sig
+):
+    """Ctrl-C (or a pre-emption's SIGTERM) mid-run: what loadgen generated is flushed, and its report says how much."""
+    args = ["loadgen", "--lake", str(lake.root), "--trajectories", "200000", "--json"]
+    if bus == "kafka":
+        kafka = request.getfixturevalue("kafka_topic")
+        args += ["--kafka", kafka.bootstrap, "--topic", kafka.topic]
+    proc = trajlake_cli(*args)
+    wait_for_log(proc, "loadgen: ")  # a progress line: it is producing, a batch in hand
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    err = proc.log_path.read_text()
+    assert proc.returncode == 128 + sig, err
+    counts = json.loads(out.strip().splitlines()[-1])
+    assert counts["stopped_by"] == sig.name and 0 < counts["trajectories"] < 200_000
+    assert (
+        f"stopped by {sig.name} after {counts['trajectories']:,} of 200,000 trajectories; flushed all" in err
+    )
+    if bus == "kafka":
+        assert counts["undelivered_messages"] == 0
+        sink_topic(lake, kafka)
+    stored = lake.sql("select count(*) as n, count(*) filter (where finished) as done from trajectories")
+    assert stored.to_pylist() == [{"n": counts["trajectories"], "done": counts["trajectories"]}]
+    assert lake.sql("select count(*) as n from events").column("n")[0].as_py() == counts["events"]

@@ -136,3 +136,17 @@ def test_a_consumed_batch_keeps_each_trajectorys_advantage(lake, bus, drain) -> 
     drain()
     rows = lake.sql("select step, trajectory_id, advantage from batch_consumption order by all").to_pylist()
     assert [tuple(r.values()) for r in rows] == [(3, "a", 0.5), (3, "b", -0.5), (4, "c", None)]
+
+
+def test_a_trajectory_cut_short_by_a_stop_signal_ends_as_a_system_failure_not_a_harness_bug(lake, bus, drain):
+    recorder = Recorder(bus, "run-stop", vocab_size=128)
+    with pytest.raises(KeyboardInterrupt), recorder.start("add", trajectory_id="cut") as t:
+        t.turn([10], [-0.5], None, full_input_token_ids=[1, 2])
+        raise KeyboardInterrupt  # Ctrl-C (SIGTERM raises shutdown.StopRequested, a KeyboardInterrupt)
+    drain()
+    row = lake.sql(
+        "select status, failure_origin, failure_label, message, policy_version_min from trajectories"
+    ).to_pylist()
+    assert row == [{"status": "error", "failure_origin": "system", "failure_label": "infra",
+                    "message": "the producer stopped on SIGINT before the trajectory ended",
+                    "policy_version_min": None}]  # fmt: skip

@@ -68,6 +68,9 @@ EVENTS = [
     ("attributes", pa.string()),
     ("advantage", pa.float64()),
     ("consumed_advantages", pa.list_(pa.float64())),
+    ("verifier_version", pa.string()),
+    ("final_answer", pa.string()),
+    ("artifacts", pa.string()),
 ]
 
 TABLES = {
@@ -124,6 +127,7 @@ TABLES = {
         ("generation_s", pa.float64()),
         ("slowest_turn_s", pa.float64()),
         ("n_timed_turns", pa.int64()),
+        ("verifier_version", pa.string()),
     ],
     "turns": [
         ("run_id", pa.string()),
@@ -218,12 +222,52 @@ TABLES = {
         ("reward_mean", pa.float64()),
         ("duration_s", pa.float64()),
         ("created_at", TS),
+        ("mismatch_tokens", pa.int64()),
+        ("drift", pa.float64()),
+        ("drift_kl", pa.float64()),
+        ("drift_tokens", pa.int64()),
+        (
+            "drift_by_staleness",
+            pa.list_(
+                pa.struct(
+                    [
+                        ("staleness", pa.int64()),
+                        ("n_tokens", pa.int64()),
+                        ("abs_diff", pa.float64()),
+                        ("kl", pa.float64()),
+                    ]
+                )
+            ),
+        ),
+        ("batch_step", pa.int64()),
+    ],
+    "rewards": [
+        ("run_id", pa.string()),
+        ("trajectory_id", pa.string()),
+        ("seq", pa.int64()),
+        ("verifier", pa.string()),
+        ("verifier_version", pa.string()),
+        ("reward", pa.float64()),
+        ("verifier_error", pa.string()),
+        ("reward_components", pa.string()),
+        ("event_time", TS),
+    ],
+    "labels": [
+        ("label_id", pa.string()),
+        ("run_id", pa.string()),
+        ("trajectory_id", pa.string()),
+        ("turn_index", pa.int32()),
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("author", pa.string()),
+        ("created_at", TS),
     ],
 }
 
 REQUIRED = {
     "trajectory_started": ("trajectory_id", "seq", "task_id", "group_id", "sample_index"),
-    "turn": ("trajectory_id", "seq", "turn_index", "policy_version", "output_token_ids", "output_logprobs"),
+    # a turn's policy_version may be unknown (null); a policy update always names its version
+    "turn": ("trajectory_id", "seq", "turn_index", "output_token_ids", "output_logprobs"),
     "tool_call": ("trajectory_id", "seq", "call_id", "tool_name"),
     "tool_result": ("trajectory_id", "seq", "call_id", "tool_name", "ok"),
     "reward": ("trajectory_id", "seq"),
@@ -251,7 +295,7 @@ def test_required_fields_per_event_type() -> None:
     assert list(ev.REQUIRED_FIELDS) == list(ev.EVENT_TYPES)
 
 
-JSON = {"sampling_params", "arguments", "reward_components", "metrics", "attributes"}
+JSON = {"sampling_params", "arguments", "reward_components", "metrics", "attributes", "artifacts"}
 
 
 def test_fields_sent_as_json_objects() -> None:

@@ -11,12 +11,12 @@ from trajlake.dashboards.app import PAGES
 @pytest.mark.integration  # a benchmark process: two small sizes, every page rendered at each
 @pytest.mark.slow
 def test_the_scale_bench_reports_each_figure_at_each_size_and_its_growth(tmp_path):
-    printed, figures = quick_bench("scale", tmp_path, "--sizes", "1e6,3e6")
+    printed, figures = quick_bench("scale", tmp_path, "--sizes", "3e5,1e6")
     sizes = figures["sizes_tokens"]
-    assert len(sizes) == 2 and 1e6 <= sizes[0] < sizes[1]
+    assert len(sizes) == 2 and 3e5 <= sizes[0] < sizes[1]
     for name in ("point_lookup_warm_s", "point_lookup_cold_s", "catch_up_s", "sampler_batch_s",
                  "sampler_empty_catalog_s", "sampler_next_batch_s", "slowest_page_s", "slowest_sql_s",
-                 "peak_rss_mb", "lake_bytes_per_token"):  # fmt: skip
+                 "peak_rss_mb", "lake_bytes_per_token", "search_tokens_s", "search_tokens_per_s"):  # fmt: skip
         values = figures["figures"][name]
         assert len(values) == 2 and all(v > 0 for v in values), name
         assert figures["growth"][name] == pytest.approx(values[1] / values[0]), name

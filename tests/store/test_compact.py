@@ -14,7 +14,7 @@ from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.store import projections
 from trajlake.store.compact import optimize
-from trajlake.store.config import LakeConfig
+from trajlake.store.config import LakeConfig, ProjectorConfig
 from trajlake.store.errors import CommitConflict
 from trajlake.store.lake import Lake
 
@@ -23,9 +23,7 @@ from trajlake.store.lake import Lake
 def test_compact_merges_files_and_keeps_every_row(tmp_path) -> None:
     root = str(tmp_path / "lake")
     for seed in range(3):
-        trajlake(
-            "loadgen", "--lake", root, "--trajectories", "30", "--seed", str(seed), "--run-id", f"r{seed}"
-        )
+        trajlake("loadgen", "--lake", root, "--trajectories", "30", "--seed", str(seed), "--run", f"r{seed}")
     lake = Lake(root)
     before = {
         t: lake.sql(f"select count(*) from {t}").column(0)[0].as_py()
@@ -109,11 +107,11 @@ def test_two_compactions_of_the_same_files_conflict_instead_of_duplicating_rows(
     assert reader.sql("select count(*) from trajectories").column(0)[0].as_py() == 30
 
 
-def test_a_sink_merges_projection_files_as_they_pile_up_and_keeps_every_row(tmp_path) -> None:
+def test_the_projector_merges_projection_files_as_they_pile_up_and_keeps_every_row(tmp_path) -> None:
     """Many small commits leave a few projection files per order of magnitude, not one per commit."""
     lake = Lake(tmp_path / "lake")
     bus = InProcessBus()
-    sink = DeltaSink(lake, bus, SinkConfig(merge_fanin=2))
+    sink = DeltaSink(lake, bus, projector=ProjectorConfig(merge_fanin=2))
     for i in range(16):  # a commit each, which goes on with the trajectory the one before began
         tid = f"t{i:02d}"
         events = [started_event(trajectory_id=tid), turn_event(trajectory_id=tid, seq=1)]

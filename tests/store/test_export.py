@@ -101,6 +101,25 @@ def test_hf_output_loads_with_datasets(lake, tmp_path) -> None:
     assert data.features["token_ids"].feature.dtype == "int32"
 
 
+def test_a_new_export_loads_its_own_rows_where_datasets_cached_an_earlier_one(lake, tmp_path) -> None:
+    """`datasets` caches what it loads under the directory's name; a later export of other rows,
+    re-exported in place or under the same name elsewhere, must load its own rows, not the cache's."""
+    import datasets
+
+    cache = str(tmp_path / "hf-cache")  # one cache, as a user's ~/.cache/huggingface is
+
+    def load(out: Path) -> set[str]:
+        return set(datasets.load_dataset(str(out), split="train", cache_dir=cache)["trajectory_id"])
+
+    first, other = tmp_path / "a" / "sft", tmp_path / "b" / "sft"
+    assert export(lake, first, SELECT + " limit 3", "--format", "hf") == 0
+    assert len(load(first)) == 3
+    assert export(lake, other, SELECT, "--format", "hf") == 0
+    assert load(other) == set(expected(lake))
+    assert export(lake, first, SELECT + " limit 5", "--format", "hf", "--force") == 0
+    assert len(load(first)) == 5
+
+
 def test_batches_and_files_are_bounded_and_hold_every_row(lake, tmp_path) -> None:
     out = tmp_path / "out"
     assert export(lake, out, SELECT, "--batch-rows", "4", "--rows-per-file", "10") == 0

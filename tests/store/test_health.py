@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.health_runs import ONSET, PATHOLOGIES, STEPS, build_health_lake
+from tests.health_runs import HEALTHY, ONSET, PATHOLOGIES, STEPS, build_health_lake
 from trajlake.cli import main
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.recorder import Recorder
@@ -36,8 +36,9 @@ def health_lake(tmp_path_factory):
     return build_health_lake(tmp_path_factory.mktemp("health") / "lake")
 
 
-def test_a_healthy_run_raises_no_alert(health_lake):
-    report = diagnose_health(health_lake, "healthy")
+@pytest.mark.parametrize("run_id", HEALTHY, ids=HEALTHY)
+def test_a_healthy_run_raises_no_alert(health_lake, run_id):
+    report = diagnose_health(health_lake, run_id)
     assert report.alerts == []
     assert {s.name: s.status for s in report.signals} == {
         "entropy_collapse": OK, "mismatch_acceleration": OK, "reward_length": OK,
@@ -58,6 +59,59 @@ def test_each_pathology_raises_its_alert_where_it_began(health_lake, run_id):
             alert.step == ONSET - 1
             and f"policy versions {ONSET}–{ONSET + 4} (trained from step {ONSET - 1})" in alert.message
         )
+
+
+def test_an_agent_learning_a_tool_call_is_not_read_as_length_exploitation(health_lake):
+    """Its reward rises with output tokens per trajectory and with turns (what the signal read
+    before it compared like with like), not with length among samples that took as many turns."""
+    raw = health_lake.sql(
+        """select policy_version_min // 5 * 5 as start, avg(reward) as reward, avg(assistant_tokens) as tokens,
+                  corr(reward, assistant_tokens) as corr_tokens, corr(reward, n_turns) as corr_turns
+           from trajectories where run_id = 'learns-tools' group by start order by start"""
+    ).to_pylist()
+    first = raw[0]
+    assert any(
+        w["reward"] > first["reward"] + 0.3 and w["tokens"] > 1.5 * first["tokens"] and w["corr_tokens"] > 0.5
+        and w["corr_turns"] > 0.5
+        for w in raw
+    )  # fmt: skip
+    signal = diagnose_health(health_lake, "learns-tools").signal("reward_length")
+    assert signal.status == OK and all(abs(w["corr_alike"]) < 0.5 for w in signal.windows)
+    hacked = diagnose_health(health_lake, "tools-then-length").signal("reward_length")
+    assert [w["corr_alike"] > 0.5 for w in hacked.windows] == [False, False, True, True]
+
+
+@pytest.mark.parametrize("consumed_every_step", [False, True], ids=["overfit-check", "new-batch-each-step"])
+def test_steps_again_on_one_batch_say_nothing_of_the_policys_entropy(lake, bus, drain, consumed_every_step):
+    """The overfit check trains 8 steps on the batch it consumed once: its entropy on that batch
+    falls as it fits it, which is the check working. A run whose every step took a new batch and saw
+    the same fall has collapsed."""
+    from trajlake.trainer.mismatch import write_trainer_steps
+
+    rollouts, trainer = (
+        Recorder(bus, "fit", flush_each_turn=False),
+        Recorder(bus, "fit", producer_id="trainer"),
+    )
+    ids = []
+    for i in range(32):
+        with rollouts.start(f"task-{i // 8}", f"g{i // 8}", i % 8) as traj:
+            traj.turn([5, 6, 7], [-0.7] * 3, 0, input_token_ids=[1, 2])
+            traj.reward(float(i % 2))
+            traj.finish("completed")
+        ids.append(traj.trajectory_id)
+    for step in range(8 if consumed_every_step else 1):
+        trainer.batch_consumed(step, step, ids, [step] * len(ids), [0.5 - i % 2 for i in range(32)])
+    drain()
+    write_trainer_steps(lake, [
+        {"run_id": "fit", "step": step, "trainer_version": step + 1, "entropy": 0.5**step,
+         "mismatch": 1e-7 if step == 0 else None, "mismatch_tokens": 96 if step == 0 else 0}
+        for step in range(8)
+    ])  # fmt: skip
+    signal = diagnose_health(lake, "fit").signal("entropy_collapse")
+    if consumed_every_step:
+        assert signal.status == ALERT and signal.alert.start == 0
+    else:
+        assert signal.status == OK and [w["points"] for w in signal.windows] == [1]
 
 
 def test_a_trainer_without_advantages_says_not_recorded(health_lake):
@@ -93,6 +147,17 @@ def test_a_steep_fall_in_the_last_unfinished_window_waits_for_the_window():
     signal = entropy_signal(calm + steep)
     assert signal.alert is None and signal.windows[-1]["slope"] is None
     assert entropy_signal(calm + steep + [0.15, 0.05]).alert.start == 20  # complete: judged
+
+
+def test_a_dip_within_a_window_that_leaves_the_level_is_no_collapse():
+    """Per-step entropy of a healthy run with small batches (the vLLM demo's): noisy around 0.37."""
+    noisy = [0.30, 0.38, 0.37, 0.31, 0.47, 0.36, 0.33, 0.35, 0.39, 0.26, 0.43, 0.41, 0.39, 0.40, 0.34]
+    dip = [0.47, 0.36, 0.32, 0.34, 0.26]  # −0.045 a step: 12% of the start a step, for five steps
+    assert entropy_signal(noisy + dip).alert is None
+    collapse = [0.3, 0.2, 0.12, 0.08, 0.05]  # the same steps falling and staying down
+    assert entropy_signal(noisy + collapse).alert.start == 15
+    early = [0.8, 0.67, 0.55, 0.42, 0.3]  # a fall in the first window: no earlier level to compare
+    assert entropy_signal(early + [0.25] * 5).alert.start == 0
 
 
 def test_repetition_is_the_share_of_repeated_ngrams():

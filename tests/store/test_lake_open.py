@@ -7,10 +7,12 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.helpers import age_log
-from trajlake.store import lake as lake_module
+from trajlake.store import delta_log
 from trajlake.store.config import LakeConfig
+from trajlake.store.delta_log import LOG_CLEANUP_INTERVAL
 from trajlake.store.errors import LakeError
-from trajlake.store.lake import CHECKPOINT_INTERVAL, LOG_CLEANUP_INTERVAL, Lake
+from trajlake.store.lake import Lake
+from trajlake.store.tables import CHECKPOINT_INTERVAL
 
 
 def one_row(i: int) -> pa.Table:
@@ -108,7 +110,7 @@ def test_a_failed_log_clean_up_leaves_the_commit_standing(tmp_path, monkeypatch,
     def refuse(self: DeltaTable) -> None:
         raise OSError("read-only file system")
 
-    monkeypatch.setattr(lake_module, "LOG_CLEANUP_INTERVAL", 1)
+    monkeypatch.setattr(delta_log, "LOG_CLEANUP_INTERVAL", 1)
     monkeypatch.setattr(DeltaTable, "cleanup_metadata", refuse)
     writer = Lake(tmp_path / "lake")
     writer.append("trainer_steps", one_row(0))
@@ -135,3 +137,39 @@ def test_a_file_where_a_table_directory_belongs_is_an_error_not_an_empty_table(t
     (tmp_path / "lake" / "trainer_steps").write_text("not a table")
     with pytest.raises(LakeError, match="cannot use the lake at"):
         lake.exists("trainer_steps")
+
+
+def test_an_s3_store_that_refused_is_named_with_the_key_it_refused() -> None:
+    from trajlake.store.storage import Storage
+
+    storage = Storage(
+        "s3://trajlake/lake", {"AWS_ACCESS_KEY_ID": "trajlake-writer", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    )
+    said = storage.unreachable(OSError("Generic S3 error\n 403 Forbidden\n <Code>InvalidAccessKeyId</Code>"))
+    assert "AWS_ACCESS_KEY_ID=trajlake-writer" in said and "InvalidAccessKeyId" in said
+    assert "s3cr3t" not in said
+
+
+@pytest.mark.parametrize(
+    ("said", "transient"),
+    [
+        (
+            "AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 7, Could not connect to server",
+            True,
+        ),
+        ("AWS Error ACCESS_DENIED during HeadObject operation: <Code>InvalidAccessKeyId</Code>", False),
+    ],
+    ids=["store-down", "key-refused"],
+)
+def test_a_scan_duckdb_could_not_read_from_a_store_that_did_not_answer_is_tried_again(
+    said, transient
+) -> None:
+    """A sink's read of the seqs it knows went through DuckDB while SeaweedFS restarted: DuckDB says
+    pyarrow's I/O error as its own InvalidInputException, and the sink stopped instead of waiting."""
+    import duckdb
+
+    from trajlake.store.storage import is_transient
+
+    scan = f"Invalid Input Error: reading the stream registered as '_d_events' failed: IOError: {said}"
+    assert is_transient(duckdb.InvalidInputException(scan)) is transient
+    assert not is_transient(duckdb.BinderException("Referenced column NETWORK_CONNECTION not found"))

@@ -13,7 +13,7 @@ import pytest
 from trajlake.schemas import events_to_table
 from trajlake.schemas.events import TOKEN_FIELDS
 from trajlake.schemas.tables import TABLE_SCHEMAS
-from trajlake.store import lake as lake_module
+from trajlake.store import files as files_module
 from trajlake.store import projections as pj
 from trajlake.store import summaries
 from trajlake.store.summaries import SUMMARY_COLUMNS
@@ -76,13 +76,14 @@ EXPECTED: dict[str, list[tuple]] = {
     "trajectories": [
         ("r", "t", "task", "g", 1, "math", "h", "m", 100, 3, 4, 1.0, None, "completed", "model",
          "model_capability", "done", True, 2, 2, 1, 1, 0, 2, 1, 3, 2, 8, -1.75, F05, True, 1, True, 1,
-         at(1), at(8), [version(3, 1, 2, -0.75), version(4, 1, 1, -1.0)], 0.5, 0.5, 1),
+         at(1), at(8), [version(3, 1, 2, -0.75), version(4, 1, 1, -1.0)], 0.5, 0.5, 1, None),
         ("r", "u", "task2", "g", 0, None, None, None, None, None, None, None, None, None, None,
          None, None, False, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, None, False, 0, False, 0,
-         at(10), None, None, None, None, 0),
+         at(10), None, None, None, None, 0, None),
     ],
     "policy_versions": [("r", 3, 3, "ckpt/3", '{"loss":0.5}', at(0))],
     "batch_consumption": [("r", 4, 4, "t", 1, at(9), 0.5), ("r", 4, 4, "u", 2, at(9), -0.5)],
+    "rewards": [("r", "t", 6, "exact", None, 1.0, None, '{"a":1.0}', at(7))],
 }  # fmt: skip
 
 SCALAR_COLUMNS = (
@@ -90,9 +91,9 @@ SCALAR_COLUMNS = (
     "sample_index", "environment", "harness", "model", "context_budget_tokens", "turn_index",
     "policy_version", "input_is_full", "finish_reason", "context_used_fraction", "nudged", "tito_drift",
     "latency_s", "call_id", "tool_name", "arguments", "is_code_execution", "ok", "error_type", "timed_out",
-    "truncated", "output_tokens", "retries", "reward", "verifier_error", "status", "failure_origin",
-    "failure_label", "message", "step", "checkpoint", "metrics", "trainer_version",
-    "consumed_trajectory_ids", "consumed_staleness", "advantage", "consumed_advantages",
+    "truncated", "output_tokens", "retries", "reward", "reward_components", "verifier", "verifier_error",
+    "status", "failure_origin", "failure_label", "message", "step", "checkpoint", "metrics", "trainer_version",
+    "consumed_trajectory_ids", "consumed_staleness", "advantage", "consumed_advantages", "verifier_version",
 )  # fmt: skip
 
 
@@ -113,6 +114,27 @@ def test_projections_read_these_event_columns() -> None:
     assert pj.SCALAR_COLUMNS == SCALAR_COLUMNS
     assert pj.STORED_COLUMNS == SCALAR_COLUMNS + SUMMARY_COLUMNS  # no token payload
     assert pj.EVENT_COLUMNS == SCALAR_COLUMNS + TOKEN_FIELDS  # of a file older than the summary
+
+
+@pytest.mark.parametrize(
+    ("rescored", "reward"), [(0.0, 0.0), (None, None)], ids=["a re-score", "a re-score that could not score"]
+)
+def test_the_latest_reward_wins_and_every_reward_is_kept(
+    rescored: float | None, reward: float | None
+) -> None:
+    """A re-score appends a reward event with its verifier version: `trajectories` takes the latest (its
+    verifier error too: never the previous verifier's reward), `rewards` keeps both."""
+    again = event(11, "reward", trajectory_id="t", seq=8, reward=rescored, verifier="exact2",
+                  verifier_version="v2", verifier_error=None if rescored is not None else "crashed")  # fmt: skip
+    out = pj.compute(pj.scalarize(events_to_table([*EVENTS, again])))
+    row = (
+        out["trajectories"].filter(pc.equal(out["trajectories"].column("trajectory_id"), "t")).to_pylist()[0]
+    )
+    assert (row["reward"], row["verifier_version"]) == (reward, "v2")
+    assert row["verifier_error"] == (None if rescored is not None else "crashed")
+    kept = out["rewards"].select(["seq", "verifier_version", "reward"]).to_pylist()
+    assert kept == [{"seq": 6, "verifier_version": None, "reward": 1.0},
+                    {"seq": 8, "verifier_version": "v2", "reward": rescored}]  # fmt: skip
 
 
 def test_a_turns_advantage_reaches_the_turns_table_and_is_null_when_not_sent(projected: dict) -> None:
@@ -155,8 +177,8 @@ def test_scalarize_gives_the_same_rows_when_split_across_threads(monkeypatch: py
     turns = random_turns(31)
     table = events_to_table(turns)
     whole = summaries.summarize(table).select(list(pj.STORED_COLUMNS))
-    monkeypatch.setattr(lake_module, "_cores", lambda: 3)
-    monkeypatch.setattr(lake_module, "SUMMARIZE_SLICE_ROWS", 4)
+    monkeypatch.setattr(files_module, "cores", lambda: 3)
+    monkeypatch.setattr(files_module, "SUMMARIZE_SLICE_ROWS", 4)
     split = pj.scalarize(table)
     assert split.to_pylist() == whole.to_pylist()
     assert split.column("n_output_tokens").to_pylist() == [len(t["output_token_ids"]) for t in turns]
@@ -173,10 +195,10 @@ def test_a_sink_batch_is_one_block_per_file_and_keeps_it_when_summarized(
     sink's CPU). The rows are those of one summary of the whole batch."""
     turns = random_turns(40)
     tables = [events_to_table(turns[i : i + 3]) for i in range(0, len(turns), 3)]
-    monkeypatch.setattr(lake_module, "_cores", lambda: 2)
-    monkeypatch.setattr(lake_module, "SUMMARIZE_SLICE_ROWS", 4)
-    monkeypatch.setattr(lake_module, "MIN_ROWS_PER_FILE", min_rows_per_file)
-    batch = lake_module.summarized(lake_module.combine_in_parts(tables))
-    assert lake_module.file_parts(batch.num_rows) == files
+    monkeypatch.setattr(files_module, "cores", lambda: 2)
+    monkeypatch.setattr(files_module, "SUMMARIZE_SLICE_ROWS", 4)
+    monkeypatch.setattr(files_module, "MIN_ROWS_PER_FILE", min_rows_per_file)
+    batch = files_module.summarized(files_module.combine_in_parts(tables))
+    assert files_module.file_parts(batch.num_rows) == files
     assert {batch.column(name).num_chunks for name in ("event_id", "output_token_ids")} == {files}
     assert batch.to_pylist() == summaries.summarize(pa.concat_tables(tables)).to_pylist()

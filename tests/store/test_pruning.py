@@ -13,7 +13,7 @@ from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.store.lake import Lake
-from trajlake.store.sql import connection
+from trajlake.store.reads import connection
 
 RUN = "prune"
 COMMITS = 6
@@ -100,18 +100,18 @@ def test_event_times_are_in_the_delta_log_so_a_span_reads_its_own_files(many_fil
 def test_rows_among_some_ids_are_read_from_the_files_of_their_range_and_equal_an_unpruned_read(
     many_files, monkeypatch
 ):
-    from trajlake.store import sql
+    from trajlake.store import reads
 
     every = ids(many_files)
     chosen = every[-7:-1:2]  # three late trajectories: their range spans the last commits' files
     opened: list[list[str] | None] = []
-    real = sql.read_files
+    real = reads.read_files
 
     def spy(lake, name, columns, where, params, files, **kw):
         opened.append(files)
         return real(lake, name, columns, where, params, files, **kw)
 
-    monkeypatch.setattr(sql, "read_files", spy)
+    monkeypatch.setattr(reads, "read_files", spy)
     columns, order = (
         ["trajectory_id", "seq", "event_type"],
         [("trajectory_id", "ascending"), ("seq", "ascending")],
@@ -195,3 +195,45 @@ def test_aggregates_per_file_in_one_read_equal_each_file_read_alone(many_files):
     assert (none.num_rows, none.column_names) == (0, ["uri", "n", "turns"])
     with pytest.raises(TypeError, match="aggregates"):
         many_files.read("trajectories", ["n_turns"], by_file=True)
+
+
+class _ObjectStoreLake:
+    """A lake's files read as an object store's are (a pyarrow dataset DuckDB pushes filters into),
+    here from local files."""
+
+    is_local = False
+
+    def __init__(self, files: list[str]) -> None:
+        self._files = files
+
+    def files(self, name: str) -> list[str]:
+        return self._files
+
+    def filesystem(self):
+        import pyarrow.fs as pafs
+
+        return pafs.LocalFileSystem(), "/"
+
+
+def test_reads_among_ids_on_an_object_store_take_files_whose_strings_are_views(tmp_path):
+    """delta-rs MERGE writes a projection's revised rows with `string_view` strings; reading them
+    beside `string` files by id must not fail on the two types."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trajlake.store.reads import read_files
+    from trajlake.store.tables import SCHEMAS
+
+    schema = SCHEMAS["trajectories"]
+    paths = []
+    for i, strings in enumerate((pa.string(), pa.string_view())):
+        ids = [f"t-{i}-{j:02d}" for j in range(50)]  # distinct values: their statistics are compared
+        table = pa.table({f.name: [None] * 50 for f in schema} | {"run_id": ["r"] * 50, "trajectory_id": ids},
+                         schema=schema)  # fmt: skip
+        as_stored = pa.schema([f.with_type(strings) if f.type == pa.string() else f for f in schema])
+        pq.write_table(table.cast(as_stored), path := str(tmp_path / f"{i}.parquet"))
+        paths.append(f"file://{path}")
+    where = "run_id = ? and trajectory_id between ? and ? and trajectory_id in (?, ?)"
+    rows = read_files(_ObjectStoreLake(paths), "trajectories", ["trajectory_id"], where,
+                      ["r", "t-0-07", "t-1-07", "t-0-07", "t-1-07"])  # fmt: skip
+    assert sorted(rows.column("trajectory_id").to_pylist()) == ["t-0-07", "t-1-07"]

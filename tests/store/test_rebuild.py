@@ -16,6 +16,7 @@ from trajlake.schemas.tables import PROJECTION_TABLES
 from trajlake.store import projections
 from trajlake.store.config import LakeConfig
 from trajlake.store.lake import Lake
+from trajlake.store.projector import Projector
 
 SORT = {
     "trajectories": ["run_id", "trajectory_id"],
@@ -23,6 +24,7 @@ SORT = {
     "tool_calls": ["run_id", "trajectory_id", "call_id"],
     "policy_versions": ["run_id", "policy_version"],
     "batch_consumption": ["run_id", "step", "trajectory_id"],
+    "rewards": ["run_id", "trajectory_id", "seq"],
 }
 
 
@@ -51,14 +53,15 @@ def test_rebuild_after_deleting_projections_gives_identical_rows(tmp_path) -> No
 
 
 def test_trajectories_spread_over_many_commits_project_like_a_rebuild(lake) -> None:
-    """Turns arrive one flush at a time, so projections merge; the result equals a rebuild."""
+    """Turns arrive one flush at a time, so projections merge; the result equals a rebuild (a turn
+    of unknown policy version included: null, never 0, in `turns` and in the trajectory's range)."""
     bus = InProcessBus()
     sink = DeltaSink(lake, bus, SinkConfig(max_rows=1))
     recorder = Recorder(bus, "r", vocab_size=100)
     trajs = [recorder.start(f"task{i}", "g", i) for i in range(3)]
     for step in range(3):
         for i, t in enumerate(trajs):
-            t.turn([i, step], [-0.1, -0.2], step, input_token_ids=[7])
+            t.turn([i, step], [-0.1, -0.2], None if (i, step) == (1, 1) else step, input_token_ids=[7])
             sink.run(until_idle_s=0)
     recorder.policy_updated(1, step=1)
     recorder.batch_consumed(1, 1, [t.trajectory_id for t in trajs], [0, 1, 1])
@@ -69,6 +72,13 @@ def test_trajectories_spread_over_many_commits_project_like_a_rebuild(lake) -> N
     incremental = snapshot(lake)
     assert incremental["trajectories"].column("n_turns").to_pylist() == [3, 3, 3]
     assert incremental["batch_consumption"].num_rows == 3
+    versions = {
+        r["trajectory_id"]: (r["policy_version_min"], r["policy_version_max"])
+        for r in incremental["trajectories"].to_pylist()
+    }
+    assert [versions[t.trajectory_id] for t in trajs] == [(0, 2), (None, None), (0, 2)]
+    unknown = [r for r in incremental["turns"].to_pylist() if r["policy_version"] is None]
+    assert [r["trajectory_id"] for r in unknown] == [trajs[1].trajectory_id]
     projections.rebuild(lake)
     rebuilt = snapshot(lake)
     for name in PROJECTION_TABLES:
@@ -100,7 +110,7 @@ def test_a_crash_between_events_and_projections_is_repaired_on_restart(lake) -> 
     )  # commits events, dies before projecting
     crashed.run(until_idle_s=0)
     assert lake.read("trajectories").num_rows == 0
-    DeltaSink(lake, InProcessBus())  # a restarted sink catches up from the position in the Delta log
+    Projector(lake).run()  # a restarted projector catches up from the position in the Delta log
     assert lake.read("trajectories").num_rows == 20
     assert lake.txn_version("trajectories", projections.APP_ID) == lake.version("events")
 

@@ -1,4 +1,4 @@
-"""The lake on S3-compatible storage (moto's server mode): reads, writes and two concurrent sinks."""
+"""The lake on S3-compatible storage (SeaweedFS): reads, writes and two concurrent sinks."""
 
 from __future__ import annotations
 
@@ -163,3 +163,17 @@ def test_aggregates_per_file_of_an_s3_lake_equal_each_file_read_alone(s3_lake_ro
         assert sorted(row["n"] for row in per_file) == [3, 5]
     finally:
         lake.close()
+
+
+def test_a_reader_refuses_an_empty_prefix_and_reads_the_lake_once_one_is_written(
+    s3_lake_root: str, capsys
+) -> None:
+    from trajlake.cli import main
+
+    assert main(["sql", "--lake", s3_lake_root, "select count(*) from events"]) == 2
+    assert f"error: no lake at {s3_lake_root} " in capsys.readouterr().err
+    lake = Lake(s3_lake_root)
+    lake.append("events", events_to_table([make_event("policy_updated", "r", policy_version=0, step=0)]))
+    lake.close()
+    assert main(["sql", "--lake", s3_lake_root, "--format", "json", "select count(*) as n from events"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 1}]

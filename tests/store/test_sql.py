@@ -15,7 +15,7 @@ from trajlake.ingest.sink import DeltaSink, SinkConfig
 from trajlake.rollout.loadgen import LoadgenConfig, generate
 from trajlake.store.errors import ReadOnlyQueryError
 from trajlake.store.lake import TABLES, Lake
-from trajlake.store.sql import names_tokens
+from trajlake.store.sql import DERIVED_VIEWS, INTERNAL_SCHEMA, SCALAR_SCHEMA, names_tokens
 
 RUN = "sql-a"
 
@@ -39,6 +39,33 @@ def test_every_table_is_queryable_by_name(filled) -> None:
         filled.sql("select count(*) from trajectories where run_id = $run", {"run": RUN}).column(0)[0].as_py()
         == 24
     )
+
+
+@pytest.mark.parametrize("query", ["show tables", "SHOW TABLES;", "  show\n tables "])
+def test_show_tables_lists_the_lakes_tables_once_each(filled, query: str) -> None:
+    """It listed 20 names for 8 tables: the stored `_t_*` views, the token views, and `trajectories`
+    and `turns` twice (the token-free views' schema)."""
+    assert sorted(filled.sql(query).column("name").to_pylist()) == sorted([*TABLES, *DERIVED_VIEWS])
+
+
+def test_every_other_listing_names_the_internal_relations_as_internal(filled) -> None:
+    shown = filled.sql("show all tables").select(["schema", "name"]).to_pylist()
+    listed = filled.sql("select table_schema as schema, table_name as name from information_schema.tables")
+    for rows in (shown, listed.to_pylist()):
+        users = sorted(r["name"] for r in rows if r["schema"] == "main")
+        assert users == sorted([*TABLES, *DERIVED_VIEWS])
+        assert {r["schema"] for r in rows if r["schema"] != "main"} <= {INTERNAL_SCHEMA, SCALAR_SCHEMA}
+        assert all(r["schema"].startswith("trajlake_internal") for r in rows if r["schema"] != "main")
+    # the stored tables stay queryable by the name the README gives them
+    assert filled.sql("select count(*) as n from _t_trajectories").column("n").to_pylist() == [32]
+
+
+@pytest.mark.parametrize("query", ["describe trajectories", "show turns", "summarize trajectories"])
+def test_describe_shows_a_table_as_users_see_it_token_columns_too(filled, query: str) -> None:
+    described = filled.sql(query).column("column_name").to_pylist()
+    name = query.split()[-1]
+    assert described == filled.sql(f"select * from {name} limit 0").column_names
+    assert {"loss_mask"} <= set(described)
 
 
 NO_TOKENS = [
@@ -148,7 +175,7 @@ def test_cli_bad_column_is_an_error_not_a_traceback(filled) -> None:
 
 
 def test_internal_connections_share_a_database_but_not_each_others_objects() -> None:
-    from trajlake.store.sql import connection
+    from trajlake.store.reads import connection
 
     first, second = connection(), connection()
     first.register("e", pa.table({"x": [1, 2]}))
@@ -158,3 +185,22 @@ def test_internal_connections_share_a_database_but_not_each_others_objects() -> 
     first.close()
     assert second.sql("select sum(x) from e").fetchall() == [(10,)]
     second.close()
+
+
+def test_duckdb_threads_and_memory_come_from_the_settings(filled, tmp_path, monkeypatch) -> None:
+    from trajlake.store.files import cores
+
+    settings = "select current_setting('threads') as threads, current_setting('memory_limit') as memory"
+    monkeypatch.delenv("TRAJLAKE_DUCKDB_THREADS", raising=False)
+    monkeypatch.delenv("TRAJLAKE_DUCKDB_MEMORY_LIMIT", raising=False)
+    assert Lake(tmp_path / "a").sql(settings).to_pylist()[0]["threads"] == cores()  # every core by default
+    monkeypatch.setenv("TRAJLAKE_DUCKDB_THREADS", "3")
+    monkeypatch.setenv("TRAJLAKE_DUCKDB_MEMORY_LIMIT", "512MiB")
+    assert Lake(tmp_path / "b").sql(settings).to_pylist() == [{"threads": 3, "memory": "512.0 MiB"}]
+    out = trajlake("sql", "--lake", filled.root, "--format", "json", settings, check=False)
+    assert json.loads(out.stdout) == [{"threads": 3, "memory": "512.0 MiB"}], out.stderr
+    monkeypatch.setenv("TRAJLAKE_DUCKDB_MEMORY_LIMIT", "lots")
+    refused = trajlake("sql", "--lake", filled.root, settings, check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "memory_limit must be a size such as 8GB" in refused.stderr
+    assert "TRAJLAKE_DUCKDB_MEMORY_LIMIT" in refused.stderr

@@ -117,3 +117,102 @@ def test_sql_help_documents_detokenize(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["sql", "--help"])
     assert "detokenize(token_ids, model)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.fixture(scope="module")
+def wide_lake(tmp_path_factory, model_dir, tokenizer) -> str:
+    """40 trajectories of 3 turns each: run `local` recorded the tiny model, run `remote` a name
+    not on this machine (decoded with a tokenizer override only)."""
+    lake = Lake(tmp_path_factory.mktemp("tok") / "wide")
+    bus = InProcessBus()
+    for run_id, model in (("local", str(model_dir)), ("remote", "some-org/remote-model")):
+        for i in range(20):
+            traj = Recorder(bus, run_id).start(
+                f"task-{i % 4}", trajectory_id=f"{run_id}-{i:02d}", model=model
+            )
+            for turn in range(3):
+                out = tokenizer.encode(f"Réponse {i}.{turn} — ça fait {i + turn}.<|im_end|>")
+                prompt = tokenizer.encode(PROMPT if turn == 0 else f"<|im_start|>user\n{i}<|im_end|>\n")
+                traj.turn(out, [-0.5] * len(out), 0, input_token_ids=prompt)
+            traj.finish("completed")
+    DeltaSink(lake, bus, SinkConfig()).run(until_idle_s=0.0)
+    lake.close()
+    return lake.root
+
+
+PLAN_SHAPES = {
+    "limit": "select output_token_ids as ids, detokenize(output_token_ids, model) as text "
+    "from turns join trajectories using (run_id, trajectory_id) where run_id = 'local' limit 3",
+    "where": "select output_token_ids as ids, detokenize(output_token_ids, model) as text "
+    "from turns join trajectories using (run_id, trajectory_id) where trajectory_id = 'local-07'",
+    "order-by": "select output_token_ids as ids, detokenize(output_token_ids, model) as text "
+    "from turns join trajectories using (run_id, trajectory_id) where run_id = 'local' "
+    "order by trajectory_id desc, seq",
+    "big-limit": "select token_ids as ids, detokenize(token_ids, model) as text from trajectories "
+    "where run_id = 'local' limit 10000",
+    "group-by": "select any_value(input_token_ids) as ids, detokenize(any_value(input_token_ids), "
+    "any_value(model)) as text from turns join trajectories using (run_id, trajectory_id) "
+    "where run_id = 'local' group by trajectory_id",
+    "override": "select output_token_ids as ids, detokenize(output_token_ids, model) as text "
+    "from turns join trajectories using (run_id, trajectory_id) where run_id = 'remote'",
+}
+
+RACE = """
+import json, sys, threading
+assert "transformers" not in sys.modules
+from trajlake.store.lake import Lake
+root, model_dir, shapes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+lake, override = Lake(root), Lake(root)
+override.query_engine().tokenizer = model_dir
+start, out = threading.Barrier(2 * len(shapes)), {}
+def query(name, sql):
+    start.wait()
+    try:
+        rows = (override if name == "override" else lake).sql(sql).to_pylist()
+        out[name] = [[r["ids"], r["text"]] for r in rows]
+    except Exception as err:
+        out[name] = f"{type(err).__name__}: {err}"
+threads = [threading.Thread(target=query, args=item) for item in [*shapes.items()] * 2]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps(out))
+"""
+
+
+def test_detokenize_loads_the_tokenizer_once_under_concurrent_queries_of_every_plan_shape(
+    wide_lake, model_dir, tokenizer
+) -> None:
+    """In a fresh process (transformers not imported yet): each plan shape runs on two threads at
+    once, each on DuckDB's own threads, and every row comes back decoded. A lazy import raced
+    across them: `module 'transformers' has no attribute 'AutoTokenizer'`."""
+    import json
+    import subprocess
+
+    args = [sys.executable, "-c", RACE, wide_lake, str(model_dir), json.dumps(PLAN_SHAPES)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)
+    failed = {name: rows for name, rows in results.items() if isinstance(rows, str)}
+    assert not failed
+    for name, rows in results.items():
+        assert rows, name
+        assert all(text == tokenizer.decode(ids) for ids, text in rows), name
+
+
+def test_trajlake_sql_decodes_in_a_fresh_process_with_the_tokenizer_env_var(
+    wide_lake, model_dir, tokenizer
+) -> None:
+    """The report's own command: `trajlake sql … where trajectory_id = …` with TRAJLAKE_TOKENIZER."""
+    import json
+    import os
+    import subprocess
+
+    query = PLAN_SHAPES["override"] + " order by trajectory_id, seq"
+    proc = subprocess.run(
+        [sys.executable, "-c", "from trajlake.cli import run; run()", "sql", "--lake", wide_lake,
+         "--format", "json", query],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "TRAJLAKE_TOKENIZER": str(model_dir)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert len(rows) == 60 and all(r["text"] == tokenizer.decode(r["ids"]) for r in rows)

@@ -16,7 +16,7 @@ class Spec:
 
     group: str
     reward: float | None = 1.0
-    version: int = 0
+    version: int | None = 0  # None: recorded without a version (unknown)
     status: str = "completed"
     origin: str | None = None
     finished: bool = True

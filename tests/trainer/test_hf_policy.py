@@ -1,8 +1,6 @@
-"""HFPolicy: a transformers model as the trainer's policy, with the rollouts' sampling mask."""
+"""HFPolicy: a transformers model as the trainer's policy."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -22,18 +20,6 @@ def test_logprobs_are_the_models_own_and_padding_changes_nothing(model_dir):
     assert logprobs[1, 1:3].tolist() == pytest.approx(logprobs[0, 1:3].tolist(), abs=1e-5)  # right padding
     assert logprobs[1, 3:].abs().sum() == 0 and entropy[1, 3:].abs().sum() == 0
     assert float(entropy[0, 1]) == pytest.approx(-(full[0].exp() * full[0]).sum().item(), abs=1e-4)
-
-
-def test_with_a_sampling_mask_the_policy_is_a_distribution_over_the_allowed_tokens(model_dir):
-    allowed = [40, 41, 42]
-    policy = HFPolicy(model_dir, allowed_token_ids=allowed)
-    rows = torch.tensor([[5, 9, 13, a] for a in allowed])
-    with torch.no_grad():
-        logprobs, entropy = policy.logprobs_and_entropy(rows, positions=torch.tensor([[0, 0, 0, 1]] * 3))
-    assert sum(math.exp(lp) for lp in logprobs[:, 3].tolist()) == pytest.approx(1.0, abs=1e-5)
-    assert 0 < float(entropy[0, 3]) <= math.log(3) + 1e-6
-    with pytest.raises(ValueError, match="outside allowed_token_ids"):
-        policy.logprobs_and_entropy(torch.tensor([[5, 9, 13, 7]]))
 
 
 def test_a_saved_checkpoint_is_a_model_directory_that_loads_back(model_dir, tmp_path):

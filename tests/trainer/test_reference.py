@@ -153,6 +153,32 @@ def test_repeated_steps_raise_the_likelihood_of_rewarded_samples(lake, config, l
     trainer.cleanup()
 
 
+def test_steps_again_on_one_batch_record_its_drift_not_an_engine_mismatch(lake, config):
+    """The overfit check trains repeatedly on samples of version 0: from the second step on, the
+    weights are newer than every token, so the gap is the policy's drift, kept apart by staleness."""
+    trainer = ReferenceTrainer(lake, config.model_copy(update={"lr": 0.05}))
+    trainer.setup()
+    batch = trainer.next_batch()
+    for step in range(3):
+        trainer.train_step(batch, commit=step == 0)
+    trainer.cleanup()
+    rows = lake.sql(
+        """select step, mismatch, mismatch_healthy, mismatch_tokens, drift, drift_kl, drift_tokens,
+                  drift_by_staleness from trainer_steps order by step"""
+    ).to_pylist()
+    trained = sum(int(s.loss_mask[1:].sum()) for s in batch.samples)
+    first, *later = rows
+    assert first["mismatch"] < 1e-4 and first["mismatch_healthy"] and first["mismatch_tokens"] == trained
+    assert first["drift_tokens"] == 0 and first["drift"] is None
+    for row in later:
+        assert row["mismatch"] is None and row["mismatch_healthy"] is None and row["mismatch_tokens"] == 0
+        assert row["drift"] > 1e-3 and row["drift_kl"] > 0 and row["drift_tokens"] == trained
+        assert [(d["staleness"], d["n_tokens"]) for d in row["drift_by_staleness"]] == [
+            (row["step"], trained)
+        ]
+    assert later[1]["drift"] > later[0]["drift"]  # the weights move further from the samples each step
+
+
 def test_trajlake_train_command_runs_the_reference_trainer(lake, capsys, tmp_path):
     from trajlake.cli import main as cli
 

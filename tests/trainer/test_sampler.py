@@ -13,7 +13,7 @@ from trajlake.store.compact import compact
 from trajlake.store.projections import catch_up
 from trajlake.trainer.batch import pack_micro_batches
 from trajlake.trainer.config import SamplerConfig
-from trajlake.trainer.errors import LeaseLostError
+from trajlake.trainer.errors import LeaseLostError, TrainerVersionError
 from trajlake.trainer.sampler import Sampler, _reach
 from trajlake.trainer.tokens import read_from_events, read_from_view
 
@@ -60,6 +60,19 @@ def test_only_fresh_trajectories_are_handed_out(lake, catalog, make_run, pair):
     assert {s.group_id for s in batch.samples} == {"g3", "g5"}
     assert max(batch.staleness) == 2
     assert batch.stats.stale == 2
+
+
+def test_a_trajectory_of_unknown_version_is_never_taken_as_fresh_and_is_counted(
+    lake, catalog, make_run, pair, spec
+):
+    make_run(pair("known", version=3) + [spec("unknown", reward=r, version=None) for r in (1.0, 0.0)])
+    chooser = sampler(lake, catalog, max_staleness=2, groups_per_batch=10)
+    for trainer_version in (0, 3, 5):  # at no version does an unknown one look fresh
+        ready, stats = chooser.select_groups(trainer_version)
+        assert "unknown" not in {g.group_id for g in ready}
+        assert (stats.unknown_version, stats.finished) == (2, 4)
+    batch = chooser.next_batch(trainer_version=3, step=0)
+    assert {s.group_id for s in batch.samples} == {"known"} and batch.stats.as_dict()["unknown_version"] == 2
 
 
 def test_whole_groups_oldest_first_up_to_groups_per_batch(lake, catalog, make_run, pair):
@@ -420,3 +433,36 @@ def test_a_sample_finishing_after_its_group_was_handed_out_is_counted_not_used(l
     rank1 = Sampler(lake, catalog, config, rank=1)
     assert rank1.next_batch(0, 0) is None
     assert rank1.select_groups(0)[1].late_members == 1
+
+
+def test_a_labelled_trajectory_leaves_its_group_out_of_the_batch_and_is_counted(
+    lake, catalog, make_run, pair
+):
+    from trajlake.store.labels import add_labels, label_rows
+
+    ids = make_run(pair("clean") + pair("buggy") + pair("other"))
+    add_labels(lake, label_rows("run-t", [ids["buggy"][0]], "env_bug", "true", "ann"))
+    add_labels(lake, label_rows("run-t", [ids["other"][0]], "review", "ok", "ann"))
+    batch = sampler(lake, catalog, groups_per_batch=10, exclude_labels=["env_bug"]).next_batch(0, 0)
+    # the labelled sample is left out; its partner alone has no reward variance
+    assert {s.trajectory_id for s in batch.samples} == {*ids["clean"], *ids["other"]}
+    assert batch.stats.labelled == 1
+    add_labels(lake, label_rows("run-t", [ids["buggy"][0]], "env_bug", None, "ann"))  # cleared: trained again
+    again = sampler(lake, catalog, groups_per_batch=10, exclude_labels=["env_bug"]).next_batch(0, 1)
+    assert {s.trajectory_id for s in again.samples} == set(ids["buggy"])
+
+
+def test_a_bad_label_spec_names_the_setting():
+    with pytest.raises(ValueError, match=r"(?s)exclude_labels.*label key 'env bug' is not a word"):
+        SamplerConfig(run_id="run-t", exclude_labels=["env bug"])
+
+
+def test_a_trainer_version_that_is_not_a_version_is_refused_with_the_fix(lake, catalog, make_run, pair):
+    make_run(pair("g"))
+    chooser = sampler(lake, catalog)
+    with pytest.raises(TrainerVersionError, match="policy_versions") as raised:
+        chooser.next_batch(trainer_version=None, step=0)  # a run no trainer has published to yet
+    assert (raised.value.run_id, raised.value.trainer_version) == ("run-t", None)
+    with pytest.raises(TrainerVersionError):
+        next(chooser.batches(trainer_version=None))  # the iterator form too
+    assert chooser.next_batch(trainer_version=0, step=0) is not None  # nothing was leased by the refusal

@@ -27,8 +27,11 @@ def test_micro_batching_gives_the_whole_batch_loss_and_gradient(aggregation):
     config = TrainerConfig(aggregation=aggregation, policy_loss="ppo", max_grad_norm=1e9)
     whole, split = make_batch(budget=10_000), make_batch(budget=20)
     assert len(whole.micro_batches) == 1 and len(split.micro_batches) > 2
-    a = policy_step(TinyPolicy(20, d_model=8), None, whole, config)
-    b = policy_step(TinyPolicy(20, d_model=8), None, split, config)
+    a = policy_step(TinyPolicy(20, d_model=8), None, whole, config, weights_version=1)
+    b = policy_step(TinyPolicy(20, d_model=8), None, split, config, weights_version=1)
+    assert (
+        a["mismatch_tokens"] == b["mismatch_tokens"] == sum(int(s.loss_mask[1:].sum()) for s in whole.samples)
+    )
     for key in ("loss", "grad_norm", "clip_fraction", "mismatch", "prompt_weight_spread"):
         assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
 

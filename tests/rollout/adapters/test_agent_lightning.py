@@ -14,8 +14,10 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.fixtures.examples import printed, run_example, stored
 from trajlake.rollout.adapters.agent_lightning import (
     AglClient,
+    AglPoller,
     UnsupportedAgentLightning,
     import_agent_lightning,
     trajectory_id_of,
@@ -102,7 +104,7 @@ def test_a_rollout_through_the_proxy_is_stored_once_with_the_engine_s_tokens(agl
 def poller(lake_root: Path, server: str, *extra: str) -> subprocess.Popen:
     """`trajlake import agent-lightning` in its own process (the CLI a user runs)."""
     cmd = [sys.executable, "-c", "from trajlake.cli import run; run()", "import", "agent-lightning",
-           "--server", server, "--lake", str(lake_root), "--run-id", RUN, "--page-size", "1", "--json", *extra]  # fmt: skip
+           "--server", server, "--lake", str(lake_root), "--run", RUN, "--page-size", "1", "--json", *extra]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -119,7 +121,7 @@ def cursor(lake_root: Path, server: str) -> int:
 def test_a_poller_killed_mid_stream_resumes_without_loss_or_duplicates(agl_server, tmp_path):
     lake_root = tmp_path / "lake"
     answers = {f"r-{i}": finished_rollout(agl_server, f"r-{i}", reward=i % 2, sample=i) for i in range(8)}
-    follow = poller(lake_root, agl_server.url, "--follow", "--poll-interval-s", "0.2")
+    follow = poller(lake_root, agl_server.url, "--follow", "--poll-interval", "0.2")
     deadline = time.monotonic() + 180
     while cursor(lake_root, agl_server.url) < 2:  # two pages committed: the poller is mid-stream
         assert follow.poll() is None, follow.communicate()
@@ -234,7 +236,7 @@ def test_the_cli_names_the_server_it_cannot_reach(tmp_path):
     env = {**os.environ, "NO_PROXY": "127.0.0.1"}
     done = subprocess.run(
         [sys.executable, "-c", "from trajlake.cli import run; run()", "import", "agent-lightning", "--server",
-         "http://127.0.0.1:9", "--lake", str(tmp_path / "lake"), "--run-id", RUN],
+         "http://127.0.0.1:9", "--lake", str(tmp_path / "lake"), "--run", RUN],
         capture_output=True, text=True, timeout=120, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 2
@@ -261,10 +263,14 @@ def test_a_retried_rollout_is_one_trajectory_with_the_last_attempt_s_calls(agl_s
 
 
 class FakeAgl:
-    """An Agent Lightning 1.0 API in memory (httpx MockTransport): a log that a restart empties."""
+    """An Agent Lightning 1.0 API in memory (httpx MockTransport): a log that a restart empties.
 
-    def __init__(self) -> None:
+    `server`: what each model call's record says served it (default: model "m" at version 2).
+    """
+
+    def __init__(self, server: dict | None = None) -> None:
         self.log: list[str] = []
+        self.server = server or {"model": "m", "version": 2}
 
     def finish(self, rollout_id: str) -> None:
         self.log.append(rollout_id)
@@ -290,7 +296,7 @@ class FakeAgl:
             rid = path.split("/")[3]
             if path.endswith("/events"):
                 call = {"prompt_token_ids": [1, 2, 3], "response_token_ids": [4, 5], "response_log_probs": [-0.5, -0.25],
-                        "server": {"model": "m", "version": 2}, "http_status": 200, "status": "ok"}  # fmt: skip
+                        "server": self.server, "http_status": 200, "status": "ok"}  # fmt: skip
                 data = call if q.get("format") == "triplet" else {"response": {}, "finish_reason": "stop"}
                 return httpx.Response(200, json=[
                     {"event_type": "model_request", "rollout_id": rid, "attempt_id": "0", "timestamp": 1.0, "data": data},
@@ -328,16 +334,80 @@ def test_after_the_server_restarts_its_new_log_is_read_from_the_start(tmp_path, 
     assert turns["a"][0]["output_token_ids"] == [4, 5] and turns["a"][0]["input_token_ids"] == [1, 2, 3]
 
 
-@pytest.mark.integration
-def test_the_example_writes_its_rollouts_into_the_lake(agl_venv, vllm_server, tmp_path):
-    example = Path(__file__).parents[3] / "examples" / "agent_lightning" / "run.py"
-    done = subprocess.run(
-        [sys.executable, str(example), "--lake", str(tmp_path / "lake"), "--vllm-url", vllm_server.url,
-         "--samples", "1", "--run-id", RUN],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+@pytest.mark.integration  # the example as its docs say: a plain `python`, from outside the checkout
+def test_the_example_runs_from_a_plain_python_and_reports_what_the_lake_stored(
+    agl_venv, vllm_server, tmp_path
+):
+    lake_root = tmp_path / "lake"
+    done = run_example("agent_lightning", "--lake", str(lake_root), "--vllm-url", vllm_server.url,
+                       "--samples", "1", "--run-id", RUN, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]  # not: No module named 'httpx'
     assert "3 rollouts through Agent Lightning" in done.stdout and "imported 3 trajectories" in done.stdout
+    assert printed(done.stdout) == stored(lake_root, RUN)  # status, tokens as the lake counts them
+    assert printed(done.stdout)["trajectories"] == 3
+
+
+@pytest.mark.integration
+def test_the_example_keeps_the_model_version_the_user_registered(agl_server, vllm_server, tmp_path):
+    # the user's server serves their vLLM at policy version 7 (an upsert of the fixture's registration)
+    upstream = [{"model": vllm_server.name, "endpoint": f"{vllm_server.url}/v1", "version": 7}]
+    agl_server.http.post("/api/models", json=upstream).raise_for_status()
+    done = run_example("agent_lightning", "--lake", str(tmp_path / "lake"), "--vllm-url", vllm_server.url,
+                       "--agl-server", agl_server.url, "--samples", "1", "--run-id", RUN, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    finished_rollout(agl_server, "after-the-example")  # a later rollout of the user's: still version 7
+    lake = Lake(tmp_path / "lake")
+    import_agent_lightning(lake, AgentLightningSettings(server=agl_server.url), RUN)
+    versions = lake.sql("select policy_version, count(*) as n from turns group by all").to_pylist()
+    lake.close()
+    assert versions == [{"policy_version": 7, "n": 4}]
+
+
+def test_a_call_recorded_without_a_model_version_is_stored_as_unknown_not_as_0(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    for run, server, fallback in [("none", {"model": "m"}, None), ("zero", {"model": "m", "version": 0}, None),
+                                  ("named", {"model": "m"}, 5)]:  # fmt: skip
+        fake = FakeAgl(server=server)
+        fake.finish(f"{run}-1")
+        config = AgentLightningSettings(server=f"http://{run}.test")
+        client = AglClient(config, transport=fake.transport())
+        AglPoller(lake, Catalog.for_lake(lake.root), client, run, config, policy_version=fallback).run()
+    got = lake.sql("select run_id, policy_version from turns order by run_id").to_pylist()
+    lake.close()
+    assert got == [
+        {"run_id": "named", "policy_version": 5},  # the import's --policy-version, for records without one
+        {"run_id": "none", "policy_version": None},  # unknown: never taken as version 0
+        {"run_id": "zero", "policy_version": 0},
+    ]
+
+
+@pytest.mark.integration  # the CLI in a process of its own, under a "supervisor": stderr to a file, SIGTERM
+def test_a_follower_reports_progress_off_a_terminal_and_a_summary_on_sigterm(
+    agl_server_without_engine, tmp_path
+):
+    agl = agl_server_without_engine
+    for i in range(3):  # rollouts a runner recorded itself: a reward, no model call
+        agl.rollout(f"r-{i}", data_id="q")
+        agl.event(f"r-{i}", "reward", {"value": 1.0, "source": "agent"})
+        agl.patch(f"r-{i}", state="succeeded")
+    log = tmp_path / "follower.log"
+    cmd = [sys.executable, "-c", "from trajlake.cli import run; run()", "import", "agent-lightning",
+           "--server", agl.url, "--lake", str(tmp_path / "lake"), "--run", RUN, "--follow"]  # fmt: skip
+    env = {**os.environ, "TRAJLAKE_AGL_PROGRESS_INTERVAL_S": "0.2", "TRAJLAKE_AGL_POLL_INTERVAL_S": "0.1"}
+    with log.open("w") as err:
+        follower = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while log.read_text().count("agent-lightning rollouts: 3 rollouts") < 2:  # a line even while idle
+        assert follower.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    follower.send_signal(signal.SIGTERM)
+    out, _ = follower.communicate(timeout=60)
+    assert follower.returncode == 0, log.read_text()  # SIGTERM is how a follower is stopped: not a failure
+    assert "imported 3 trajectories" in out
+    said = log.read_text()
+    assert said.startswith(f"trajlake import agent-lightning: following {agl.url} into run {RUN!r}")
+    assert "stopped by SIGTERM; every trajectory it read is committed" in said
     assert len(stored_trajectories(tmp_path / "lake")) == 3
 
 

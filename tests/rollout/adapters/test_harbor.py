@@ -4,14 +4,12 @@ recorded live by `HarborHook` — a flaky agent that Harbor retries, and terminu
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from tests.fixtures.examples import printed, run_example, stored
 from tests.helpers import stored_trajectories, trajlake
 from trajlake.rollout import taxonomy
 from trajlake.rollout.adapters.harbor import (
@@ -54,7 +52,7 @@ def test_a_trial_harbor_retries_ends_once_and_its_abandoned_attempt_is_a_system_
     assert any("no token ids" in w for w in result["hook"]["warnings"]) and result["dead_letters"] == 0
     # importing the finished job afterwards stores nothing new
     again = trajlake(
-        "import", "harbor", result["job_dir"], "--lake", str(lake), "--run-id", "hb-retry", "--json"
+        "import", "harbor", result["job_dir"], "--lake", str(lake), "--run", "hb-retry", "--json"
     )
     report = json.loads(again.stdout)
     assert (report["trajectories"], report["skipped_existing"]) == (0, 1)
@@ -111,15 +109,13 @@ def test_a_real_terminus_2_trial_is_recorded_live_with_the_engine_s_token_ids(
     )
 
 
-@pytest.mark.integration  # the example re-runs itself in the Harbor venv, a real trial on vLLM
+@pytest.mark.integration  # the example as its docs say (a plain `python`): the Harbor venv, a real trial on vLLM
 def test_the_example_writes_its_trial_into_the_lake(harbor_venv, vllm_server, tmp_path):
-    example = Path(__file__).parents[3] / "examples" / "harbor" / "run.py"
-    done = subprocess.run([sys.executable, str(example), "--lake", str(tmp_path / "lake"), "--vllm-url",
-                           vllm_server.url, "--max-turns", "1"], capture_output=True, text=True, timeout=600,
-                          check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "recorded 1 trajectories" in done.stdout
-    assert len(stored_trajectories(tmp_path / "lake", "harbor-example")) == 1
+    done = run_example("harbor", "--lake", str(tmp_path / "lake"), "--vllm-url", vllm_server.url, "--max-turns", "1",
+                       cwd=tmp_path)  # fmt: skip
+    said = printed(done.stdout)
+    assert said == stored(tmp_path / "lake", "harbor-example") and said["trajectories"] == 1
+    assert done.returncode == (0 if said["usable"] else 1), done.stderr[-3000:]
 
 
 def test_the_version_check_names_the_supported_versions():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.examples import printed, run_example, stored
 from tests.helpers import same_floats, stored_trajectories
 from trajlake.rollout import taxonomy
 from trajlake.rollout.adapters.verifiers import (
@@ -105,6 +106,8 @@ def test_the_on_delta_tap_records_a_served_episode_and_its_discarded_attempt_onc
     ]
     assert same_floats(good["turns"][0]["output_logprobs"], [-0.123456789, -1.5, -0.25])  # full precision
     assert "retried" in retried["tags"] and retried["failure_label"] == "infra"
+    # a tap given no policy_version (verifiers stamps none on a trace) stores it as unknown, not 0
+    assert {t["policy_version"] for t in good["turns"]} == {None} and good["policy_version_min"] is None
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -116,7 +119,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_import_verifiers_reads_a_vf_eval_traces_file_once(recorded, tmp_path):
     traces = recorded["root"] / "out" / "traces.jsonl"  # written by verifiers' own write_episode
     lake = tmp_path / "lake"
-    done = _cli("import", "verifiers", str(traces), "--lake", str(lake), "--run-id", "vf-import", "--json")
+    done = _cli("import", "verifiers", str(traces), "--lake", str(lake), "--run", "vf-import", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert (report["trajectories"], report["turns"], report["dead_letters"]) == (2, 3, 0)
@@ -126,7 +129,7 @@ def test_import_verifiers_reads_a_vf_eval_traces_file_once(recorded, tmp_path):
     assert good["turns"][0]["output_token_ids"] == [5, 6, 7]
     # the JSON record rounds logprobs to 4 decimals, and the trajectory says so
     assert same_floats(good["turns"][0]["output_logprobs"], [-0.1235, -1.5, -0.25]) and good["rounded"] == 4
-    again = json.loads(_cli("import", "verifiers", str(traces.parent), "--lake", str(lake), "--run-id", "vf-import",
+    again = json.loads(_cli("import", "verifiers", str(traces.parent), "--lake", str(lake), "--run", "vf-import",
                             "--json").stdout)  # fmt: skip
     assert (again["trajectories"], again["skipped_existing"]) == (0, 2)
 
@@ -136,7 +139,7 @@ def test_an_unknown_verifiers_version_in_a_traces_file_names_the_supported_ones(
     record = {"traces": [{"id": "t1", "version": 1, "verifiers": {"version": "0.3.2"}, "nodes": []}]}
     path = tmp_path / "traces.jsonl"
     path.write_text(json.dumps(record) + "\n")
-    done = _cli("import", "verifiers", str(path), "--lake", str(tmp_path / "lake"), "--run-id", "r")
+    done = _cli("import", "verifiers", str(path), "--lake", str(tmp_path / "lake"), "--run", "r")
     assert done.returncode == 2
     assert "verifiers 0.3.2 is not supported" in done.stderr and "verifiers 0.4.x" in done.stderr
 
@@ -217,3 +220,34 @@ def test_an_engine_answer_verifiers_cannot_parse_is_a_labelled_failure(run_verif
     row = trajectories(tmp_path / "lake", "vf-bad")[trace["id"]]
     assert (row["status"], row["failure_origin"], row["failure_label"]) == ("error", "system", "infra")
     assert "must be 'token_id:" in row["message"] and row["finished_events"] == 1
+
+
+@pytest.mark.integration  # the example as its docs say: a plain `python`, from outside the checkout
+def test_the_example_runs_from_a_plain_python_and_reports_what_the_lake_stored(
+    verifiers_venv, vllm_server, tmp_path
+):
+    done = run_example(
+        "verifiers", "--lake", str(tmp_path / "lake"), "--vllm-url", vllm_server.url, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = printed(done.stdout)
+    assert said == stored(tmp_path / "lake", "verifiers-example")  # tokens as the lake counts them
+    assert said["trajectories"] == said["usable"] == 3
+
+
+@pytest.mark.integration
+def test_the_example_exits_1_when_every_rollout_failed_as_a_system_error(
+    verifiers_venv, vllm_server, tmp_path
+):
+    # without the proxy every rollout fails (vLLM 0.32's generate answers lack the field verifiers checks)
+    done = run_example("verifiers", "--lake", str(tmp_path / "lake"), "--vllm-url", vllm_server.url, "--no-proxy",
+                       cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert printed(done.stdout) == {
+        "trajectories": 3,
+        "run_id": "verifiers-example",
+        "tokens": 0,
+        "usable": 0,
+    }
+    assert "status: 3 error (system: infra)" in done.stdout and "rewards: none, none, none" in done.stdout
+    assert "must be 'token_id:" in done.stdout  # why, from the lake's message

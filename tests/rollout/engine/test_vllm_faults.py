@@ -79,6 +79,6 @@ def test_a_server_killed_mid_batch_ends_those_trajectories_as_infra_failures_and
         "select trajectory_id, len(output_token_ids) as n, len(output_logprobs) as m from turns "
         "where run_id = 'engine-fault'"
     ).to_pylist()
-    assert all(t["n"] == t["m"] == 1 for t in turns)
+    assert all(t["n"] == t["m"] >= 1 for t in turns)  # the chat model writes turns of several tokens
     per_traj = {tid: sum(t["trajectory_id"] == tid for t in turns) for tid in rows}
     assert all(per_traj[tid] == rows[tid]["n_turns"] for tid in rows)

@@ -1,0 +1,1 @@
+"""The whole deployment as local processes: `trajlake stack up|status|down`."""
