@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import fcntl
 import os
 import shutil
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _pytest.faulthandler import fault_handler_stderr_fd_key
 
 from trajlake.ingest.bus.inprocess import InProcessBus
 from trajlake.ingest.sink import DeltaSink, SinkConfig
@@ -159,3 +161,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         terminal.write_sep("!", f"FAILED {report.nodeid} ({report.when})")
         terminal.write_line(str(report.longrepr)[-6000:])
     return report
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """`ray.init` replaces the handler that prints every thread's stack on a native crash, and
+    `ray.shutdown` leaves none: a later segfault would end the run without a word. It is re-armed
+    on pytest's own copy of stderr after every test (after the fixtures' teardown)."""
+    fd = item.config.stash.get(fault_handler_stderr_fd_key, None)
+    if fd is not None:
+        faulthandler.disable()
+        faulthandler.enable(file=fd, all_threads=True)
