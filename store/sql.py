@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -202,7 +204,7 @@ class QueryEngine:
         self.token_columns = _token_columns(self.con)
         # null_handling as a string: its enum moved (duckdb.functional → duckdb.func) across versions
         self.con.create_function(  # type: ignore[call-overload]
-            "detokenize", self.detokenize, ["BIGINT[]", "VARCHAR"], "VARCHAR", null_handling="special"
+            "detokenize", _detokenize(self), ["BIGINT[]", "VARCHAR"], "VARCHAR", null_handling="special"
         )
         if lake.is_local:
             root = lake.root.rstrip("/") + "/"
@@ -281,14 +283,26 @@ class QueryEngine:
         if files:
             register_tables(cur, self.lake, list(files), temp=True, files=files)
 
-    def detokenize(self, token_ids: list[int] | None, model: str | None) -> str | None:
-        """SQL's `detokenize(token_ids, model)`: the text of the ids (null for null ids)."""
-        if token_ids is None:
-            return None
-        return find_decoder(model, self.tokenizer)(token_ids)
-
     def close(self) -> None:
         self.con.close()
+
+
+def _detokenize(engine: QueryEngine) -> Callable[[list[int] | None, str | None], str | None]:
+    """SQL's `detokenize(token_ids, model)` on `engine`'s connection: the text of the ids (null for
+    null ids), with the engine's `tokenizer` when set.
+
+    It holds the engine weakly. DuckDB keeps the function where Python's collector cannot see it,
+    so a strong reference would close a cycle (engine, connection, function) that nothing frees:
+    every engine not closed kept its database and its threads for the process's life (2,000
+    threads by the middle of the test suite)."""
+    held = weakref.ref(engine)
+
+    def detokenize(token_ids: list[int] | None, model: str | None) -> str | None:
+        if token_ids is None:
+            return None
+        return find_decoder(model, getattr(held(), "tokenizer", None))(token_ids)
+
+    return detokenize
 
 
 _TOKEN_COLUMNS: frozenset[str] | None = None

@@ -204,3 +204,28 @@ def test_duckdb_threads_and_memory_come_from_the_settings(filled, tmp_path, monk
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "memory_limit must be a size such as 8GB" in refused.stderr
     assert "TRAJLAKE_DUCKDB_MEMORY_LIMIT" in refused.stderr
+
+
+def test_a_lake_dropped_without_close_frees_its_database_and_threads(filled) -> None:
+    """The engine's `detokenize()` must not keep it alive: DuckDB holds the function where Python's
+    collector cannot see it, and every engine not closed kept its database and threads (2,000
+    threads by the middle of the test suite)."""
+    import gc
+    import os
+    import weakref
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    def read_and_drop() -> weakref.ref:
+        lake = Lake(filled.root, create=False)
+        assert lake.sql("select count(*) as n from trajectories").to_pylist()[0]["n"] == 32
+        return weakref.ref(lake.query_engine())
+
+    first = read_and_drop()
+    gc.collect()
+    before = threads()
+    engines = [read_and_drop() for _ in range(5)]
+    gc.collect()
+    assert first() is None and all(engine() is None for engine in engines)
+    assert threads() < before + len(engines)  # less than a thread per engine (pools grow on demand)
