@@ -92,6 +92,12 @@ class DemoConfig(LakeSettings, KafkaSwitch):
     )
     overfit_samples: int = Field(8, ge=2, description="Samples per task in the overfit check.")
     overfit_steps: int = Field(8, ge=1, description="Training steps on the overfit set.")
+    overfit_loss: Literal["ppo", "glm5"] | None = Field(
+        None,
+        description="Policy loss of the overfit check's repeated steps on one batch; default glm5 on tiny (every "
+        "token keeps its gradient, so the GRU overfits), ppo on vllm (its clip keeps the warm-started model's "
+        "tool-call format, which glm5's unbounded push on the wrong samples broke).",
+    )
     bad_messages: int = Field(
         3, ge=0, description="Malformed messages a simulated legacy producer sends (dead letters)."
     )
@@ -114,6 +120,8 @@ class DemoConfig(LakeSettings, KafkaSwitch):
             self.workers = 8 if self.engine == "vllm" else 2
         if self.lr is None:
             self.lr = 1e-4 if self.engine == "vllm" else 1e-2
+        if self.overfit_loss is None:
+            self.overfit_loss = "ppo" if self.engine == "vllm" else "glm5"
         if self.engine == "vllm" and "steps" not in self.model_fields_set:
             self.steps = VLLM_STEPS
         if self.engine == "vllm":  # limits the user left unset take the chat model's defaults

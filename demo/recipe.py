@@ -329,12 +329,16 @@ def overfit_check(ctx: DemoContext) -> dict[str, Any]:
     recorder = Recorder(
         ctx.producer, run_id, vocab_size=ctx.vocab_size, producer_id="demo-overfit", flush_each_turn=False
     )
-    # every token keeps its gradient under GLM-5-style truncated IS, so repeated steps on one batch can overfit
+    # the same batch, trained on again and again: the loss decides whether that overfits or breaks the model.
+    # On the tiny GRU (lr 1e-2) 8 steps of glm5 took the batch's tasks 0.04 -> 0.34-0.58, ppo -> 0.08-0.13
+    # (3 seeds each). On the warm-started chat model (lr 1e-4) glm5, which pushes the wrong samples' tokens
+    # down without bound, their tool-call format as well, lowered the reward in 3 of 4 checks (0.48 -> 0.44);
+    # at 3e-4 every call written after was malformed (0.00). ppo's clip rose in 4 of 4 (0.43 -> 0.50 to 0.62).
     trainer = make_trainer(
         ctx,
         run_id,
         recorder,
-        "glm5",
+        cfg.overfit_loss,
         max_staleness=10**6,
         group_size=samples,
         groups_per_batch=n_wanted,

@@ -1,4 +1,4 @@
-"""Where the demo runs its episodes: Ray from RAY_MIN_CORES cores, threads below, and what the user says."""
+"""Defaults that depend on the machine or the engine: Ray from RAY_MIN_CORES cores, the overfit check's loss; what the user says stands."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import pytest
 
 from trajlake.cli import build_parser
+from trajlake.common.settings import SettingsError
 from trajlake.demo.config import RAY_MIN_CORES, DemoConfig
 
 
@@ -30,3 +31,15 @@ def test_ray_and_no_ray_are_the_users_whatever_the_cores(monkeypatch: pytest.Mon
     assert parsed("--ray").ray is True and parsed("--no-ray").ray is False
     monkeypatch.setenv("TRAJLAKE_DEMO_RAY", "false" if cores > RAY_MIN_CORES else "true")
     assert parsed().ray is (cores <= RAY_MIN_CORES)
+
+
+@pytest.mark.parametrize(("engine", "loss"), [("vllm", "ppo"), ("tiny", "glm5")])
+def test_the_overfit_check_trains_with_the_loss_its_engine_survives(
+    monkeypatch: pytest.MonkeyPatch, engine: str, loss: str
+) -> None:
+    assert parsed("--engine", engine).overfit_loss == loss
+    monkeypatch.setenv("TRAJLAKE_DEMO_OVERFIT_LOSS", "glm5" if loss == "ppo" else "ppo")
+    assert parsed("--engine", engine).overfit_loss != loss  # the user's choice stands
+    monkeypatch.setenv("TRAJLAKE_DEMO_OVERFIT_LOSS", "dppo")
+    with pytest.raises(SettingsError, match="TRAJLAKE_DEMO_OVERFIT_LOSS"):  # a loss it was not measured with
+        parsed("--engine", engine)

@@ -286,7 +286,7 @@ def test_the_demo_on_local_ray_workers_fills_the_same_tables(tmp_path):
 
 @pytest.fixture(scope="module")
 def vllm_demo(tmp_path_factory, _vllm_session) -> tuple[int, dict, Lake]:
-    """One vLLM demo (threads, 40 steps, no overfit check) shared by the tests below: it warm-starts the
+    """One vLLM demo (threads, 60 steps, no overfit check) shared by the tests below: it warm-starts the
     session server's random model into the lake, serves it, and trains it in place."""
     _vllm_session.reset()
     tmp_path = tmp_path_factory.mktemp("vllm-demo")
